@@ -1,0 +1,8 @@
+"""Task streams (benchmarks) and the one data module."""
+
+from cl_lightning.data.datamodule import StreamDataModule
+from cl_lightning.data.permuted_mnist import PermutedMNIST
+from cl_lightning.data.stream import Episode, StreamBatch, TaskData, TaskStream
+from cl_lightning.data.synthetic import SyntheticClasses
+
+__all__ = ["Episode", "PermutedMNIST", "StreamBatch", "StreamDataModule", "SyntheticClasses", "TaskData", "TaskStream"]

@@ -1,0 +1,163 @@
+"""The one data module: serves task ``t`` as epoch ``t`` and builds the evaluation episodes (DESIGN §3–4).
+
+Training: epoch ``t`` is task ``t``'s training portion in arrival order, one chunk per batch, each example once.
+Under DDP every chunk is split across ranks (rank r takes examples r, r + W, …). Evaluation after task ``t``:
+
+- **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
+- **backward**: the episode of task ``t − backward_lag``;
+- **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
+  the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+from cl_lightning.data.stream import StreamBatch, TaskStream
+
+
+class ChunkDataset(IterableDataset):
+    """The training chunks of one task (this rank's share of each), in arrival order."""
+
+    def __init__(self, stream: TaskStream, task: int, rank: int = 0, world_size: int = 1) -> None:
+        self.stream, self.task, self.rank, self.world_size = stream, task, rank, world_size
+
+    def __len__(self) -> int:
+        """Chunks per task."""
+        return self.stream.num_chunks
+
+    def __iter__(self):
+        """Yield ``StreamBatch`` chunks."""
+        for i in range(self.stream.num_chunks):
+            x, y, t = self.stream.chunk(self.task, i)
+            sl = slice(self.rank, None, self.world_size)
+            yield StreamBatch(x[sl], y[sl], t[sl])
+
+
+class EpisodeDataset(Dataset):
+    """One evaluation episode per item: ``(task, [metric names to log it under])``."""
+
+    def __init__(self, stream: TaskStream, items: list[tuple[int, list[str]]], context_size: int, queries: int | None):
+        self.stream, self.items, self.context_size, self.queries = stream, items, context_size, queries
+
+    def __len__(self) -> int:
+        """Number of episodes."""
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        """The episode tensors plus the task id and the names the learner logs its score under."""
+        task, names = self.items[i]
+        ep = self.stream.episode(task, self.context_size, self.queries)
+        return {**ep._asdict(), "task": torch.tensor(task), "log_names": names}
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+class StreamDataModule(LightningDataModule):
+    """Serves a :class:`TaskStream` task by task, plus its evaluation episodes.
+
+    Args:
+        stream: The benchmark (``class_path`` in YAML).
+        context_size: Labelled context examples per episode (the first ones of the task's training portion).
+        eval_queries: Held-out queries per episode (``None``: all of them).
+        backward_lag: The backward metric evaluates task ``t − backward_lag`` (paper: 5 on image streams).
+        num_probe_tasks: Tasks in the accuracy-matrix probe set (0 switches the matrix off).
+        num_workers: DataLoader workers for the training chunks.
+    """
+
+    def __init__(
+        self,
+        stream: TaskStream,
+        context_size: int = 1000,
+        eval_queries: int | None = None,
+        backward_lag: int = 5,
+        num_probe_tasks: int = 10,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        if context_size < 0 or backward_lag < 1 or num_probe_tasks < 0:
+            raise ValueError("context_size >= 0, backward_lag >= 1 and num_probe_tasks >= 0 are required")
+        if eval_queries is not None and eval_queries < 1:
+            raise ValueError(f"eval_queries must be positive or null, got {eval_queries}")
+        self.stream = stream
+        self.context_size, self.eval_queries = context_size, eval_queries
+        self.backward_lag, self.num_workers = backward_lag, num_workers
+        k = min(num_probe_tasks, stream.num_tasks)
+        self.probe_tasks = sorted({round(i * (stream.num_tasks - 1) / max(1, k - 1)) for i in range(k)}) if k else []
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input."""
+        return tuple(self.stream.input_shape)
+
+    @property
+    def num_outputs(self) -> int:
+        """Classes or regression targets."""
+        return self.stream.num_outputs
+
+    @property
+    def task_type(self) -> str:
+        """``"classification"`` or ``"regression"``."""
+        return self.stream.task_type
+
+    @property
+    def num_tasks(self) -> int:
+        """Tasks in the stream: the run's number of epochs."""
+        return self.stream.num_tasks
+
+    def prepare_data(self) -> None:
+        """Load or fetch the benchmark's files once."""
+        self.stream.prepare()
+
+    def setup(self, stage: str) -> None:
+        """Check that the Trainer runs one epoch per task and rebuilds the loaders every epoch."""
+        trainer = self.trainer
+        if stage != "fit" or trainer is None or trainer.fast_dev_run:
+            return
+        if trainer.reload_dataloaders_every_n_epochs != 1:
+            raise ValueError("set trainer.reload_dataloaders_every_n_epochs: 1 (each epoch serves a new task)")
+        if trainer.max_epochs != self.num_tasks:
+            raise ValueError(
+                f"trainer.max_epochs ({trainer.max_epochs}) must equal the stream's num_tasks ({self.num_tasks}): "
+                "one epoch is one task. Leave max_epochs unset and the CLI fills it in."
+            )
+
+    def _task(self) -> int:
+        epoch = self.trainer.current_epoch if self.trainer is not None else 0
+        return min(epoch, self.num_tasks - 1)
+
+    def train_dataloader(self) -> DataLoader:
+        """The current task's chunks (batch = one chunk, already collated)."""
+        rank = self.trainer.global_rank if self.trainer is not None else 0
+        world = self.trainer.world_size if self.trainer is not None else 1
+        dataset = ChunkDataset(self.stream, self._task(), rank, world)
+        return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
+
+    def eval_items(self, task: int) -> list[tuple[int, list[str]]]:
+        """The episodes evaluated after training on ``task`` and the names each score is logged under."""
+        items: dict[int, list[str]] = {task: ["forward_{m}"]}
+        if task >= self.backward_lag:
+            items.setdefault(task - self.backward_lag, []).append("backward_{m}")
+        if task in self.probe_tasks:
+            for j in self.probe_tasks:
+                items.setdefault(j, []).append(f"{{m}}_matrix/task_{j}")
+        return sorted(items.items())
+
+    def _episodes(self, items: list[tuple[int, list[str]]]) -> DataLoader:
+        dataset = EpisodeDataset(self.stream, items, self.context_size, self.eval_queries)
+        return DataLoader(dataset, batch_size=None, collate_fn=_identity)
+
+    def val_dataloader(self) -> DataLoader:
+        """Episodes evaluated at the end of the current task."""
+        return self._episodes(self.eval_items(self._task()))
+
+    def test_dataloader(self) -> DataLoader:
+        """Every probe task's episode (the last row of the accuracy matrix), or the last task's."""
+        tasks = self.probe_tasks or [self.num_tasks - 1]
+        return self._episodes([(j, [f"{{m}}/task_{j}"]) for j in tasks])

@@ -1,0 +1,85 @@
+"""MNIST from the IDX files that ship with the package (offline first), a user's copy, or a torchvision download."""
+
+from __future__ import annotations
+
+import gzip
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_IDX_DTYPE = {0x08: np.uint8}
+
+
+def packaged_mnist_dir() -> Path:
+    """The folder of the four MNIST IDX files shipped inside the package."""
+    return Path(str(resources.files("cl_lightning.data") / "mnist"))
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (gzip-compressed or plain) into a numpy array of its declared shape."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPE:
+        raise ValueError(f"{path} is not an unsigned-byte IDX file (bad magic number); is the file corrupt?")
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{path} holds {data.size} values, its header says {shape}; the file is truncated")
+    return data.reshape(shape)
+
+
+def _find(root: Path, stem: str) -> Path | None:
+    for folder in (root, root / "MNIST" / "raw", root / "mnist"):
+        for name in (stem + ".gz", stem):
+            if (folder / name).is_file():
+                return folder / name
+    return None
+
+
+def load_mnist(root: str | Path | None = None, split: str = "train", download: bool = False) -> tuple[Tensor, Tensor]:
+    """Load MNIST as ``(images uint8 (N, 28, 28), labels int64 (N,))``.
+
+    Args:
+        root: A folder holding the IDX files (``.gz`` or not; also torchvision's ``MNIST/raw`` layout).
+            ``None`` uses the copy shipped with the package.
+        split: ``"train"`` (60,000 images) or ``"test"`` (10,000).
+        download: If the files are not under ``root``, let torchvision download them there.
+    """
+    if split not in _FILES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    folder = packaged_mnist_dir() if root is None else Path(root).expanduser()
+    paths = [_find(folder, stem) for stem in _FILES[split]]
+    if None in paths and download and root is not None:
+        from torchvision.datasets import MNIST  # imported lazily: torchvision is only needed to download
+
+        MNIST(str(folder), train=split == "train", download=True)
+        paths = [_find(folder, stem) for stem in _FILES[split]]
+    if None in paths:
+        raise FileNotFoundError(
+            f"MNIST {split} files not found under {folder}. Put the four IDX files there, set data_root: null to use "
+            "the copy shipped with cl_lightning, or pass download: true when a network is available."
+        )
+    images, labels = (read_idx(p) for p in paths)  # type: ignore[arg-type]
+    return torch.from_numpy(images.copy()), torch.from_numpy(labels.astype(np.int64))
+
+
+def resize_like_pil(images: Tensor, size: int) -> Tensor:
+    """Resize uint8 images (N, H, W) to (N, size, size) as torchvision ``Resize`` does on PIL images.
+
+    PIL's bilinear resize antialiases when it shrinks and returns uint8, so the result is rounded to 8 bits and
+    then scaled to [0, 1], exactly what ``ToTensor()`` after ``Resize`` gives (the paper's recipe).
+    """
+    if images.shape[-1] == size and images.shape[-2] == size:
+        return images.float() / 255.0
+    x = images.float().unsqueeze(1)  # (N, 1, H, W)
+    out = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return out.squeeze(1).round().clamp(0, 255) / 255.0

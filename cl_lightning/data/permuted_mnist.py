@@ -1,0 +1,98 @@
+"""Permuted MNIST, as the query-only attention paper runs it (qoa-paper.md §6.1).
+
+MNIST training images resized to ``image_size``² (7×7 by default, PIL-style bilinear) in [0, 1], flattened; each
+task draws a new pixel permutation and a new order of the 60,000 images: the first ``train_size`` form the
+training stream (chunks of ``chunk_size``), the last ``query_size`` are held out as that task's queries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from cl_lightning.data.mnist import load_mnist, resize_like_pil
+from cl_lightning.data.stream import TaskData, TaskStream, task_generator
+
+
+class PermutedMNIST(TaskStream):
+    """Permuted MNIST: one pixel permutation per task, labels unchanged (10 classes).
+
+    Args:
+        num_tasks: Tasks in the stream (paper: 7,500).
+        image_size: Side of the resized images (paper: 7; 28 keeps the originals).
+        train_size: Training examples per task, in arrival order (paper: 58,000).
+        query_size: Held-out queries per task (paper: 2,000). ``train_size + query_size`` ≤ 60,000.
+        chunk_size: Examples per training chunk (paper: 400).
+        seed: Stream seed; task ``t`` depends on ``(seed, t)`` only.
+        data_root: Folder with the MNIST IDX files; ``None`` uses the copy shipped with the package.
+        download: Let torchvision download MNIST into ``data_root`` if it is missing there.
+    """
+
+    task_type = "classification"
+    num_outputs = 10
+
+    def __init__(
+        self,
+        num_tasks: int = 7500,
+        image_size: int = 7,
+        train_size: int = 58_000,
+        query_size: int = 2_000,
+        chunk_size: int = 400,
+        seed: int = 0,
+        data_root: str | None = None,
+        download: bool = False,
+    ) -> None:
+        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
+        if image_size < 1 or image_size > 28:
+            raise ValueError(f"image_size must be in 1..28, got {image_size}")
+        if train_size < 1 or query_size < 1:
+            raise ValueError(f"train_size and query_size must be positive, got {train_size}, {query_size}")
+        if train_size + query_size > 60_000:
+            raise ValueError(f"train_size + query_size = {train_size + query_size} exceeds MNIST's 60,000 images")
+        if chunk_size > train_size:
+            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
+        self.image_size = image_size
+        self.input_shape = (image_size * image_size,)
+        self._train_size = train_size
+        self.query_size = query_size
+        self.data_root = data_root
+        self.download = download
+        self._images: Tensor | None = None
+        self._labels: Tensor | None = None
+
+    @property
+    def train_size(self) -> int:
+        """Training examples per task."""
+        return self._train_size
+
+    def prepare(self) -> None:
+        """Load (and if asked, download) MNIST once."""
+        self._load()
+
+    def _load(self) -> tuple[Tensor, Tensor]:
+        if self._images is None or self._labels is None:
+            root = None if self.data_root is None else Path(self.data_root)
+            images, labels = load_mnist(root, "train", download=self.download)
+            self._images = resize_like_pil(images, self.image_size).flatten(1)  # (60000, D)
+            self._labels = labels
+        return self._images, self._labels
+
+    def permutation(self, task: int) -> Tensor:
+        """The pixel permutation of ``task`` (a fresh uniform permutation per task)."""
+        return torch.randperm(self.input_shape[0], generator=task_generator(self.seed, task, salt=1))
+
+    def split_indices(self, task: int) -> tuple[Tensor, Tensor]:
+        """MNIST indices of ``task``'s training stream (arrival order) and of its held-out queries (disjoint)."""
+        order = torch.randperm(60_000, generator=task_generator(self.seed, task, salt=2))
+        return order[: self._train_size], order[self._train_size : self._train_size + self.query_size]
+
+    def generate(self, task: int) -> TaskData:
+        """Permute the pixels, reshuffle the 60,000 images, split into training stream and held-out queries."""
+        images, labels = self._load()
+        idx_train, idx_query = self.split_indices(task)
+        perm = self.permutation(task)
+        x_train = images[idx_train][:, perm]  # (n_train, D)
+        x_query = images[idx_query][:, perm]  # (n_query, D)
+        return TaskData(x_train, labels[idx_train], x_query, labels[idx_query])

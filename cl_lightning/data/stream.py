@@ -1,0 +1,126 @@
+"""The task-stream contract every benchmark keeps (DESIGN §3).
+
+A stream is cheap to construct, knows its shapes, and regenerates any task from ``(seed, task)``: nothing per
+task is stored, so task 7,499 costs what task 0 costs and a resumed run sees exactly the data an uninterrupted
+run would.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+TaskType = Literal["classification", "regression"]
+
+
+class StreamBatch(NamedTuple):
+    """One chunk of the stream: ``x (B, *input_shape)``, ``y`` ((B,) long or (B, k) float), ``task_id (B,)``."""
+
+    x: Tensor
+    y: Tensor
+    task_id: Tensor
+
+
+class TaskData(NamedTuple):
+    """One task, fully materialised: the training portion in arrival order and the held-out queries."""
+
+    train_x: Tensor
+    train_y: Tensor
+    query_x: Tensor
+    query_y: Tensor
+
+
+class Episode(NamedTuple):
+    """An evaluation episode: a labelled context from the task's training portion and held-out queries."""
+
+    context_x: Tensor
+    context_y: Tensor
+    query_x: Tensor
+    query_y: Tensor
+
+
+def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:
+    """A CPU generator seeded from ``(seed, task)`` alone, so a task never depends on what ran before it."""
+    gen = torch.Generator()
+    gen.manual_seed((seed * 1_000_003 + task * 7_919 + salt * 104_729) % (2**63 - 1))
+    return gen
+
+
+class TaskStream(ABC):
+    """Base class of the benchmarks: shapes, task count, chunking and deterministic task generation.
+
+    Subclasses implement :meth:`generate` and set the shape attributes in ``__init__``.
+
+    Args:
+        num_tasks: Number of tasks in the stream (one epoch each).
+        chunk_size: Examples per training chunk (one learner step per chunk).
+        seed: Seed of the stream; task ``t`` is a pure function of ``(seed, t)``.
+        cache_tasks: How many generated tasks to keep in memory (the current one and a few evaluated ones).
+    """
+
+    input_shape: tuple[int, ...]
+    num_outputs: int
+    task_type: TaskType
+
+    def __init__(self, num_tasks: int, chunk_size: int, seed: int = 0, cache_tasks: int = 4) -> None:
+        if num_tasks < 1:
+            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        self.num_tasks = num_tasks
+        self.chunk_size = chunk_size
+        self.seed = seed
+        self._cache: OrderedDict[int, TaskData] = OrderedDict()
+        self._cache_tasks = max(1, cache_tasks)
+
+    @property
+    @abstractmethod
+    def train_size(self) -> int:
+        """Training examples per task."""
+
+    @abstractmethod
+    def generate(self, task: int) -> TaskData:
+        """Build task ``task`` from ``(self.seed, task)`` with tensor operations (no per-example Python loop)."""
+
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Fetch or check the data on disk (called once, on rank 0); the default has nothing to fetch."""
+
+    def task(self, task: int) -> TaskData:
+        """Task ``task``, generated on first use and kept in a small LRU cache."""
+        if not 0 <= task < self.num_tasks:
+            raise IndexError(f"task {task} outside the stream's 0..{self.num_tasks - 1}")
+        if task in self._cache:
+            self._cache.move_to_end(task)
+            return self._cache[task]
+        data = self.generate(task)
+        self._cache[task] = data
+        while len(self._cache) > self._cache_tasks:
+            self._cache.popitem(last=False)
+        return data
+
+    @property
+    def num_chunks(self) -> int:
+        """Training chunks per task (the last one may be shorter)."""
+        return math.ceil(self.train_size / self.chunk_size)
+
+    def chunk(self, task: int, index: int) -> StreamBatch:
+        """Chunk ``index`` of task ``task``'s training portion, in arrival order."""
+        data = self.task(task)
+        lo = index * self.chunk_size
+        x, y = data.train_x[lo : lo + self.chunk_size], data.train_y[lo : lo + self.chunk_size]
+        return StreamBatch(x, y, torch.full((x.shape[0],), task, dtype=torch.long))
+
+    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
+        """The evaluation episode of ``task``: the first ``context_size`` training examples and the held-out queries.
+
+        The context is what a support-set learner may use (the paper takes it from the task's training portion);
+        the queries are never trained on. ``num_queries`` keeps the first queries only (cheaper evaluation).
+        """
+        data = self.task(task)
+        n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
+        return Episode(data.train_x[:context_size], data.train_y[:context_size], data.query_x[:n_q], data.query_y[:n_q])

@@ -1,0 +1,61 @@
+"""Backprop: plain online SGD/Adam on each incoming chunk, no memory (the BP baseline of Bekal et al. 2025,
+after Dohare et al. 2024, "Loss of plasticity in deep continual learning").
+
+Per chunk: logits = f_θ(x); θ ← θ − η ∇θ CE(logits, y). The paper's Permuted-MNIST net is 49 → 200×4 → 10 with
+ReLU, Kaiming-uniform init (the code; the table says Xavier), Adam lr 1e-4, one step per 400-example chunk.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from cl_lightning.data.stream import StreamBatch
+from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
+from cl_lightning.nn.mlp import MLP, InitName
+
+
+class Backprop(ContinualLearner):
+    """A network trained by gradient descent on the stream, one step per chunk; ignores the evaluation context.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        hidden_sizes: Hidden widths of the MLP (paper, Permuted MNIST: [200, 200, 200, 200]).
+        init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
+        optimizer: Optimiser factory (paper: Adam, lr 1e-4).
+        seed: Seed of the learner's own sampling (unused by Backprop itself).
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        hidden_sizes: list[int] | None = None,
+        init: InitName = "kaiming",
+        optimizer: OptimizerCallable = adam_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        self.save_hyperparameters()
+        hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
+        in_features = 1
+        for d in self.input_shape:
+            in_features *= d
+        self.net = MLP(in_features, num_outputs, hidden, init=init)
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor:
+        """One gradient step on the chunk; its logits before the step are the online (prequential) prediction."""
+        x, y, _ = self.unpack(batch)
+        pred = self.net(x)
+        if self.task_type == "regression":
+            pred = pred.view_as(y)
+        loss = self.loss(pred, y)
+        self.log_online(pred, y, loss)
+        return loss
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """The network's predictions on the queries (Backprop has no use for the context)."""
+        return self.net(query_x.flatten(1))

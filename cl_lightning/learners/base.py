@@ -1,0 +1,121 @@
+"""The base class every learner keeps: shapes, optimiser factory, online metric and episode evaluation (DESIGN §4)."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import LightningModule
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+
+from cl_lightning.data.stream import StreamBatch
+
+TaskType = Literal["classification", "regression"]
+
+
+def adam_1e4(params: Any) -> torch.optim.Optimizer:
+    """Adam with lr 1e-4 and PyTorch's default betas: the optimiser of every learner in the QOA paper."""
+    return torch.optim.Adam(params, lr=1e-4)
+
+
+class ContinualLearner(LightningModule):
+    """A learner on a task stream: one epoch is one task, one training batch is one chunk of the stream.
+
+    Subclasses implement :meth:`training_step` (predict the incoming chunk first, log it with :meth:`log_online`,
+    then learn) and :meth:`predict_episode` (answer held-out queries given a labelled context of the same task).
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes, or regression targets (linked from the data module).
+        task_type: ``"classification"`` or ``"regression"`` (linked from the data module).
+        optimizer: Optimiser factory called on the parameters (default: Adam, lr 1e-4, as the paper).
+        seed: Seed of the learner's own sampling (support sets); draws depend on ``(seed, step)`` only.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        optimizer: OptimizerCallable = adam_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.input_shape = tuple(input_shape)
+        self.num_outputs = num_outputs
+        self.task_type = task_type
+        self.optimizer_factory = optimizer
+        self.seed = seed
+        self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
+
+    @property
+    def metric_name(self) -> str:
+        """``"acc"`` for classification, ``"mse"`` for regression."""
+        return "acc" if self.task_type == "classification" else "mse"
+
+    def step_generator(self) -> torch.Generator:
+        """A generator seeded from ``(seed, step)``; advances the step counter (kept in checkpoints)."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed * 1_000_003 + int(self.steps_taken))
+        self.steps_taken += 1
+        return gen
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Cross-entropy on logits, or MSE on predictions."""
+        if self.task_type == "classification":
+            return nn.functional.cross_entropy(pred, y)
+        return nn.functional.mse_loss(pred, y.to(pred.dtype))
+
+    def score(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Accuracy (fraction correct) or MSE of a batch of predictions."""
+        if self.task_type == "classification":
+            return (pred.argmax(-1) == y).float().mean()
+        return nn.functional.mse_loss(pred, y.to(pred.dtype))
+
+    def log_online(self, pred: Tensor, y: Tensor, loss: Tensor | None = None) -> None:
+        """Log the prequential metric of predictions made *before* learning from ``y`` (per-task mean)."""
+        if pred.shape[0] == 0:
+            return
+        name = f"train/online_{self.metric_name}"
+        self.log(name, self.score(pred.detach(), y), on_step=False, on_epoch=True, batch_size=pred.shape[0])
+        if loss is not None:
+            self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=pred.shape[0])
+
+    @abstractmethod
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Predictions (logits or values) for ``query_x`` given a labelled context of the same task."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Predict from the learner's own memory only (no context given)."""
+        empty = x[:0]
+        return self.predict_episode(empty, torch.zeros(0, dtype=torch.long, device=x.device), x)
+
+    def _evaluate(self, batch: dict[str, Any], prefix: str) -> None:
+        pred = self.predict_episode(batch["context_x"], batch["context_y"], batch["query_x"])
+        value = self.score(pred, batch["query_y"])
+        for name in batch["log_names"]:
+            self.log(f"{prefix}/{name}".format(m=self.metric_name), value, add_dataloader_idx=False, batch_size=1)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Evaluate one episode (forward, backward or a probe task of the accuracy matrix)."""
+        self._evaluate(batch, "eval")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        """Evaluate one probe task's episode with the final model."""
+        self._evaluate(batch, "test")
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | None:
+        """Call the optimiser factory on the trainable parameters (``None`` when there are none)."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        return self.optimizer_factory(params) if params else None
+
+    def probe_layers(self) -> dict[str, nn.Module]:
+        """The modules plasticity callbacks watch (default: every ``nn.Linear``), by name."""
+        return {name: m for name, m in self.named_modules() if isinstance(m, nn.Linear)}
+
+    def unpack(self, batch: StreamBatch | tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
+        """``(x, y, task_id)`` of a training chunk, inputs flattened to ``(B, D)`` for the MLP-style learners."""
+        x, y, task_id = batch
+        return x.flatten(1), y, task_id

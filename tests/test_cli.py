@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import CONFIGS, ROOT
+
+from cl_lightning.cli import main
+from cl_lightning.data import StreamDataModule
+from cl_lightning.learners import ContinualLearner
+
+EXPERIMENTS = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "quick.yaml")
+
+
+@pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("quick", [False, True], ids=["paper", "quick"])
+def test_every_config_instantiates(config: Path, quick: bool, tmp_path: Path) -> None:
+    args = ["--config", str(config)] + (["--config", str(CONFIGS / "quick.yaml")] if quick else [])
+    cli = main([*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
+    assert isinstance(cli.model, ContinualLearner)
+    assert isinstance(cli.datamodule, StreamDataModule)
+    assert cli.trainer.max_epochs == cli.datamodule.num_tasks == (30 if quick else 7500)
+    assert cli.model.input_shape == cli.datamodule.input_shape == (49,)
+
+
+def test_max_epochs_must_match_the_stream(tmp_path: Path) -> None:
+    cli = main(
+        [
+            "--config",
+            str(CONFIGS / "bp_pmnist.yaml"),
+            "--config",
+            str(CONFIGS / "quick.yaml"),
+            "--trainer.max_epochs=3",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+        ],
+        run=False,
+    )
+    with pytest.raises(ValueError, match="max_epochs"):
+        cli.trainer.fit(cli.model, cli.datamodule)
+
+
+def test_cli_fit_end_to_end(tmp_path: Path) -> None:
+    """`python -m cl_lightning fit` on a shrunken paper config: event files, config.yaml and a checkpoint."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "cl_lightning",
+        "fit",
+        "--config",
+        str(CONFIGS / "bp_pmnist.yaml"),
+        "--config",
+        str(CONFIGS / "quick.yaml"),
+        "--data.stream.init_args.num_tasks=3",
+        "--data.stream.init_args.train_size=1200",
+        "--data.stream.init_args.query_size=100",
+        "--data.backward_lag=1",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = tmp_path / "bp_pmnist" / "version_0"
+    assert (run / "config.yaml").exists()
+    assert list(run.glob("events.out.tfevents.*"))
+    assert (run / "checkpoints" / "last.ckpt").exists()
+    assert "Task 3/3" in out.stdout + out.stderr
+    assert "run_eta" in out.stdout + out.stderr
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert {"train/online_acc", "train/loss", "eval/forward_acc", "eval/backward_acc"} <= tags
+    assert {"eval/acc_matrix/task_0", "eval/acc_matrix/task_2"} <= tags
+    assert len(events.Scalars("eval/forward_acc")) == 3
+    assert len(events.Scalars("eval/backward_acc")) == 2
+    assert all(0 <= e.value <= 1 for e in events.Scalars("eval/forward_acc"))
+
+
+def test_unknown_learner_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(CONFIGS / "bp_pmnist.yaml"), "--model=NoSuchLearner"], run=False)
+    assert exit_info.value.code != 0
+    assert "NoSuchLearner" in capsys.readouterr().err

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from cl_lightning.data import PermutedMNIST, SyntheticClasses
+from cl_lightning.data.mnist import load_mnist, packaged_mnist_dir, read_idx, resize_like_pil
+
+
+@pytest.fixture(scope="module")
+def pmnist() -> PermutedMNIST:
+    return PermutedMNIST(num_tasks=10, train_size=2000, query_size=500, chunk_size=400, seed=3)
+
+
+def test_packaged_mnist_is_the_standard_set() -> None:
+    images, labels = load_mnist(None, "train")
+    assert images.shape == (60_000, 28, 28)
+    assert images.dtype == torch.uint8
+    assert torch.bincount(labels).tolist() == [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+    assert abs(images.float().div(255).mean().item() - 0.1307) < 1e-4
+    test_images, _ = load_mnist(None, "test")
+    assert test_images.shape == (10_000, 28, 28)
+
+
+def test_missing_mnist_names_the_fix(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match="data_root: null"):
+        load_mnist(tmp_path, "train")
+
+
+def test_corrupt_idx_is_rejected(tmp_path) -> None:
+    bad = tmp_path / "train-images-idx3-ubyte"
+    bad.write_bytes(b"\x00\x00\x08\x03" + (10).to_bytes(4, "big") + (28).to_bytes(4, "big") * 2 + b"\x00" * 5)
+    with pytest.raises(ValueError, match="truncated"):
+        read_idx(bad)
+    assert read_idx(packaged_mnist_dir() / "train-labels-idx1-ubyte.gz").shape == (60_000,)
+
+
+def test_resize_matches_pil_bilinear() -> None:
+    images, _ = load_mnist(None, "train")
+    ours = resize_like_pil(images[:50], 7)
+    pil = np.stack([np.asarray(Image.fromarray(im.numpy()).resize((7, 7), Image.BILINEAR)) for im in images[:50]])
+    diff = (ours * 255).round() - torch.from_numpy(pil).float()
+    assert diff.abs().max() <= 1.0  # at most one grey level apart (rounding inside PIL's fixed-point filter)
+    assert (diff == 0).float().mean() > 0.9
+
+
+def test_task_regenerates_bit_for_bit(pmnist: PermutedMNIST) -> None:
+    fresh = PermutedMNIST(num_tasks=10, train_size=2000, query_size=500, chunk_size=400, seed=3)
+    a, b = pmnist.generate(4), fresh.generate(4)
+    for u, v in zip(a, b, strict=False):
+        assert torch.equal(u, v)
+    assert torch.equal(pmnist.chunk(4, 2).x, fresh.generate(4).train_x[800:1200])
+
+
+def test_tasks_differ_by_a_permutation(pmnist: PermutedMNIST) -> None:
+    p0, p1 = pmnist.permutation(0), pmnist.permutation(1)
+    assert sorted(p0.tolist()) == list(range(49))
+    assert not torch.equal(p0, p1)
+    other_seed = PermutedMNIST(num_tasks=10, train_size=2000, query_size=500, seed=4)
+    assert not torch.equal(other_seed.permutation(0), p0)
+    # un-permuting task 1's inputs gives the resized MNIST images it drew: the permutation is all that changes
+    images, _ = load_mnist(None, "train")
+    base = resize_like_pil(images, 7).flatten(1)
+    x = pmnist.task(1).train_x
+    assert torch.equal(x[:, torch.argsort(p1)], base[pmnist.split_indices(1)[0]])
+    assert x.shape == (2000, 49)
+    assert x.min() >= 0
+    assert x.max() <= 1
+
+
+def test_context_and_queries_are_disjoint(pmnist: PermutedMNIST) -> None:
+    images, labels = load_mnist(None, "train")
+    base = resize_like_pil(images, 7).flatten(1)
+    train_idx, query_idx = pmnist.split_indices(2)
+    assert not set(train_idx.tolist()) & set(query_idx.tolist())
+    ep = pmnist.episode(2, context_size=1000)
+    perm = pmnist.permutation(2)
+    assert torch.equal(ep.context_x, base[train_idx[:1000]][:, perm])
+    assert torch.equal(ep.context_y, labels[train_idx[:1000]])
+    assert torch.equal(ep.query_x, base[query_idx][:, perm])
+    assert torch.equal(ep.query_y, labels[query_idx])
+    assert ep.query_x.shape == (500, 49)
+    assert pmnist.episode(2, 10, num_queries=7).query_x.shape == (7, 49)
+
+
+def test_bad_sizes_raise() -> None:
+    with pytest.raises(ValueError, match="60,000"):
+        PermutedMNIST(train_size=59_000, query_size=2_000)
+    with pytest.raises(ValueError, match="chunk_size"):
+        PermutedMNIST(train_size=100, query_size=10, chunk_size=400)
+    with pytest.raises(ValueError, match="num_tasks"):
+        SyntheticClasses(num_tasks=0)
+
+
+def test_full_resolution_works() -> None:
+    s = PermutedMNIST(num_tasks=2, image_size=28, train_size=1000, query_size=100, chunk_size=100)
+    assert s.input_shape == (784,)
+    assert s.chunk(1, 0).x.shape == (100, 784)
