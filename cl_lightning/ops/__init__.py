@@ -1,0 +1,24 @@
+"""Tensor functions for parametric (fast-weight, test-time-regression) attention rules.
+
+Only the fast (chunked) forms and helpers are exported; each ``naive_recurrent_<op>`` reference lives next to its
+``chunk_<op>`` in ``cl_lightning.ops.<module>``.
+"""
+
+from cl_lightning.ops.decay import chunk_decay_linear_attn
+from cl_lightning.ops.delta_rule import chunk_delta_rule
+from cl_lightning.ops.gated_delta_rule import chunk_gated_delta_rule
+from cl_lightning.ops.linear_attn import chunk_linear_attn
+from cl_lightning.ops.longhorn import chunk_longhorn, longhorn_step_size
+from cl_lightning.ops.ttt_linear import chunk_ttt_linear
+from cl_lightning.ops.utils import l2_normalize
+
+__all__ = [
+    "chunk_decay_linear_attn",
+    "chunk_delta_rule",
+    "chunk_gated_delta_rule",
+    "chunk_linear_attn",
+    "chunk_longhorn",
+    "chunk_ttt_linear",
+    "l2_normalize",
+    "longhorn_step_size",
+]

@@ -1,0 +1,113 @@
+"""Decay / gated linear attention with a scalar gate (RetNet, Mamba-2 style) or a per-key vector gate (GLA).
+
+Sun et al. (2023), "Retentive Network", arXiv:2307.08621 (scalar decay); Yang et al. (2024), "Gated Linear
+Attention Transformers with Hardware-Efficient Training", arXiv:2312.06635 (vector gate). Gates are given in log
+space, g_t <= 0, alpha_t = exp(g_t); the gate is a scalar per head and step (g: (B, H, T)) or one per key
+dimension (g: (B, H, T, K)):
+
+    S_t = diag(alpha_t) S_{t-1} + beta_t * k_t v_t^T      (scalar gate: alpha_t S_{t-1})
+    o_t = S_t^T q_t                                        (prequential: o_t = S_{t-1}^T q_t, before the decay)
+
+Chunked form, with b = cumsum(g) inside the chunk (never exp(+cumsum) factors, which overflow):
+
+    A_ij = sum_d Q_id K_jd exp(b_id - b_jd)  for j <= i, else 0
+    O_c  = (Q * exp(b)) S + A V
+    S   <- diag(exp(b_C)) S + (K * exp(b_C - b))^T V
+"""
+
+import torch
+from torch import Tensor
+
+from cl_lightning.ops.utils import chunk_scan, decay_matrix, zero_state
+
+
+def naive_recurrent_decay_linear_attn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    prequential: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Decay linear attention, token-by-token reference: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
+
+    Args:
+        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        k: Keys, shape (B, H, T, K).
+        v: Values, shape (B, H, T, V).
+        g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
+        beta: Write strengths beta_t, shape (B, H, T); None means 1.
+        initial_state: State S_0, shape (B, H, K, V); None means zeros.
+        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
+            otherwise o_t = S_t^T q_t (read after write).
+
+    Returns:
+        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    """
+    state = zero_state(q, v) if initial_state is None else initial_state
+    if beta is not None:
+        v = v * beta.unsqueeze(-1)
+    alpha = (g if g.dim() == 4 else g.unsqueeze(-1)).exp()  # (B, H, T, K) or (B, H, T, 1)
+    outputs = []
+    for t in range(q.shape[2]):  # sequential reference: one decay and write per token
+        if prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, V)
+        if not prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outputs, dim=2), state
+
+
+def chunk_decay_linear_attn(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    beta: Tensor | None = None,
+    initial_state: Tensor | None = None,
+    prequential: bool = False,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Decay linear attention, chunked form: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
+
+    Args:
+        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        k: Keys, shape (B, H, T, K).
+        v: Values, shape (B, H, T, V).
+        g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
+        beta: Write strengths beta_t, shape (B, H, T); None means 1.
+        initial_state: State S_0, shape (B, H, K, V); None means zeros.
+        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
+            otherwise o_t = S_t^T q_t (read after write).
+        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+
+    Returns:
+        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+
+    Example:
+        >>> q, k, v = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 3)
+        >>> g = torch.nn.functional.logsigmoid(torch.randn(1, 2, 7, 4))  # vector gate
+        >>> o, state = chunk_decay_linear_attn(q, k, v, g, chunk_size=4)
+        >>> tuple(o.shape), tuple(state.shape)
+        ((1, 2, 7, 3), (1, 2, 4, 3))
+    """
+    state = zero_state(q, v) if initial_state is None else initial_state
+    if beta is not None:
+        v = v * beta.unsqueeze(-1)
+    gates = g if g.dim() == 4 else g.unsqueeze(-1)  # (B, H, T, F), F = K or 1
+
+    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, g_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        b = g_c.cumsum(dim=2)  # (B, H, C, F)
+        b_read = b - g_c if prequential else b  # prequential reads S_{t-1}: cumulative gate up to t-1
+        if b.shape[-1] == 1:  # scalar gate: a (C, C) decay matrix suffices
+            scores = (q_c @ k_c.transpose(-1, -2)) * decay_matrix(b_read[..., 0], b[..., 0], prequential)
+        else:  # vector gate: (C, C, K) decay tensor
+            decay = decay_matrix(b_read, b, prequential, feature_dims=1)  # (B, H, C, C, K)
+            scores = torch.einsum("bhik,bhjk,bhijk->bhij", q_c, k_c, decay)
+        o = (q_c * b_read.exp()) @ state + scores @ v_c
+        b_last = b[:, :, -1:]  # (B, H, 1, F)
+        state = b_last.transpose(-1, -2).exp() * state + (k_c * (b_last - b).exp()).transpose(-1, -2) @ v_c
+        return o, state
+
+    return chunk_scan(step, [q, k, v, gates], state, chunk_size)

@@ -1,0 +1,108 @@
+"""Delta rule (DeltaNet): error-correcting fast-weight writes.
+
+Schlag, Irie, Schmidhuber (2021), "Linear Transformers Are Secretly Fast Weight Programmers", arXiv:2102.11174;
+Yang et al. (2024), "Parallelizing Linear Transformers with the Delta Rule over Sequence Length", arXiv:2406.06484.
+One LMS (Widrow-Hoff) step with learning rate beta_t on 1/2 ||S^T k_t - v_t||^2:
+
+    S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
+    o_t = S_t^T q_t                                        (prequential: o_t = S_{t-1}^T q_t)
+
+Keys should be L2-normalised (``l2_normalize``) so beta in (0, 2) keeps the write stable. Chunked form via the WY /
+UT representation, with S the state at the chunk start:
+
+    A  = StrictTril(diag(beta) K K^T)
+    (I + A) [W | U] = [diag(beta) K | diag(beta) V]        (unit lower-triangular solve, no inverse)
+    U' = U - W S
+    O_c = Q S + Tril(Q K^T) U'                             (StrictTril when prequential)
+    S  <- S + K^T U'
+"""
+
+import torch
+from torch import Tensor
+
+from cl_lightning.ops.utils import causal_mask, chunk_scan, zero_state
+
+
+def naive_recurrent_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None = None,
+    prequential: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Delta rule, token-by-token reference: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, o_t = S^T q_t.
+
+    Args:
+        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
+        v: Values, shape (B, H, T, V).
+        beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
+        initial_state: State S_0, shape (B, H, K, V); None means zeros.
+        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
+            otherwise o_t = S_t^T q_t (read after write).
+
+    Returns:
+        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    """
+    state = zero_state(q, v) if initial_state is None else initial_state
+    outputs = []
+    for t in range(q.shape[2]):  # sequential reference: one LMS step per token
+        if prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+        k_t = k[:, :, t]  # (B, H, K)
+        error = v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)  # (B, H, V)
+        state = state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)  # (B, H, K, V)
+        if not prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outputs, dim=2), state
+
+
+def chunk_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    initial_state: Tensor | None = None,
+    prequential: bool = False,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
+    """Delta rule, chunked WY/UT form: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, o_t = S^T q_t.
+
+    Args:
+        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
+        v: Values, shape (B, H, T, V).
+        beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
+        initial_state: State S_0, shape (B, H, K, V); None means zeros.
+        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
+            otherwise o_t = S_t^T q_t (read after write).
+        chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
+
+    Returns:
+        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+
+    Example:
+        >>> from cl_lightning.ops.utils import l2_normalize
+        >>> k = l2_normalize(torch.randn(1, 1, 5, 4, dtype=torch.float64))
+        >>> v = torch.randn(1, 1, 5, 3, dtype=torch.float64)
+        >>> o, state = chunk_delta_rule(k, k, v, torch.ones(1, 1, 5, dtype=torch.float64), chunk_size=2)
+        >>> torch.allclose(o, v)  # beta = 1 and q = k: each value is read back right after its write
+        True
+    """
+    state = zero_state(q, v) if initial_state is None else initial_state
+
+    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+        size, key_dim = k_c.shape[2], k_c.shape[3]
+        k_beta = k_c * beta_c.unsqueeze(-1)  # (B, H, C, K)
+        lower = (k_beta @ k_c.transpose(-1, -2)).tril(-1)  # A = StrictTril(diag(beta) K K^T), (B, H, C, C)
+        lower = lower + torch.eye(size, dtype=lower.dtype, device=lower.device)
+        rhs = torch.cat([k_beta, v_c * beta_c.unsqueeze(-1)], dim=-1)  # (B, H, C, K + V)
+        wu = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
+        w, u = wu.split([key_dim, wu.shape[-1] - key_dim], dim=-1)  # (B, H, C, K), (B, H, C, V)
+        u = u - w @ state  # U' = U - W S: the write errors against the chunk-start state
+        mask = causal_mask(size, prequential, q_c.device)
+        scores = (q_c @ k_c.transpose(-1, -2)).masked_fill(~mask, 0.0)  # (B, H, C, C)
+        return q_c @ state + scores @ u, state + k_c.transpose(-1, -2) @ u
+
+    return chunk_scan(step, [q, k, v, beta], state, chunk_size)

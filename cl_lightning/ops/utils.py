@@ -1,0 +1,95 @@
+"""Shared helpers for the parametric-attention ops: key normalisation, chunk loop, causal masks and decay matrices.
+
+All ops use tensors laid out as (B, H, T, ...) with time on dim 2, the state convention S in R^{K x V} and the
+readout o_t = S_t^T q_t (fla's convention).
+"""
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+StateT = TypeVar("StateT")
+
+
+def l2_normalize(x: Tensor, eps: float = 1e-6) -> Tensor:
+    """L2-normalise the last dimension: x / sqrt(sum(x^2) + eps) (fla's ``l2norm``, eps 1e-6).
+
+    Args:
+        x: Tensor of shape (..., D).
+        eps: Added to the squared norm before the square root.
+
+    Returns:
+        Tensor of shape (..., D) with norm just below 1 (exactly 0 for a zero row).
+
+    Example:
+        >>> l2_normalize(torch.tensor([[3.0, 4.0]]), eps=0.0)
+        tensor([[0.6000, 0.8000]])
+    """
+    return x * torch.rsqrt(x.pow(2).sum(dim=-1, keepdim=True) + eps)
+
+
+def chunk_scan(
+    step: Callable[..., tuple[Tensor, StateT]],
+    inputs: Sequence[Tensor | None],
+    state: StateT,
+    chunk_size: int,
+) -> tuple[Tensor, StateT]:
+    """Run ``step`` over consecutive time chunks, carrying the state; the last chunk may be shorter.
+
+    Args:
+        step: ``step(*chunk_inputs, state) -> (o_chunk, state)``; ``o_chunk`` has time on dim 2.
+        inputs: Tensors with time on dim 2, i.e. (B, H, T, ...) or (B, H, T); ``None`` entries are passed through.
+        state: The state at the start of the sequence.
+        chunk_size: Number of time steps per chunk, at least 1.
+
+    Returns:
+        The chunk outputs concatenated along time, and the state after the last chunk.
+
+    Raises:
+        ValueError: If ``chunk_size`` < 1.
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    first = next(x for x in inputs if x is not None)
+    outputs = []
+    # Loop over chunks only: the state recurrence between chunks is sequential.
+    for start in range(0, first.shape[2], chunk_size):
+        chunk = [None if x is None else x[:, :, start : start + chunk_size] for x in inputs]
+        o, state = step(*chunk, state)
+        outputs.append(o)
+    return torch.cat(outputs, dim=2), state
+
+
+def causal_mask(size: int, strict: bool, device: torch.device) -> Tensor:
+    """Boolean (size, size) mask keeping j <= i (``Tril``) or j < i (``StrictTril``, if ``strict``)."""
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril(-1 if strict else 0)
+
+
+def decay_matrix(b_out: Tensor, b_in: Tensor, strict: bool, feature_dims: int = 0) -> Tensor:
+    """Masked decay factors exp(b_out_i - b_in_j) for j <= i (j < i if ``strict``), 0 elsewhere.
+
+    The difference is masked with -inf before ``exp``, so no factor exceeds 1 for log-gates <= 0 and no overflow (or
+    NaN gradient) comes from the masked upper triangle.
+
+    Args:
+        b_out: Cumulative log-gates at the read positions i, shape (..., C, *F).
+        b_in: Cumulative log-gates at the write positions j, shape (..., C, *F).
+        strict: Drop the diagonal (prequential read).
+        feature_dims: Number of trailing feature dims F (0 scalar gate, 1 per-key gate, 2 per key-value pair).
+
+    Returns:
+        Tensor of shape (..., C, C, *F).
+    """
+    time = -1 - feature_dims
+    diff = b_out.unsqueeze(time) - b_in.unsqueeze(time - 1)  # (..., C, 1, *F) - (..., 1, C, *F) -> (..., C, C, *F)
+    mask = causal_mask(b_out.shape[time], strict, b_out.device)
+    mask = mask.view(mask.shape + (1,) * feature_dims)  # (C, C, 1, ...)
+    return diff.masked_fill(~mask, float("-inf")).exp()
+
+
+def zero_state(q: Tensor, v: Tensor) -> Tensor:
+    """A zero state of shape (B, H, K, V) with the dtype and device of ``q``."""
+    batch, heads, _, key_dim = q.shape
+    return q.new_zeros(batch, heads, key_dim, v.shape[-1])
