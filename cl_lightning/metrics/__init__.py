@@ -1,0 +1,58 @@
+"""Pure metric functions: accuracy-matrix CL metrics, representation ranks, dead units and Hessian spectra."""
+
+from cl_lightning.metrics.dead_units import dead_unit_fraction, dormant_unit_fraction, weight_magnitude
+from cl_lightning.metrics.effective_rank import (
+    FeatureRanks,
+    approximate_rank,
+    effective_rank,
+    entropy_effective_rank,
+    feature_rank,
+    srank,
+)
+from cl_lightning.metrics.forgetting import (
+    average_accuracy,
+    backward_transfer,
+    forgetting,
+    forward_transfer,
+    intransigence,
+)
+from cl_lightning.metrics.hessian import (
+    exact_eigvals,
+    exact_hessian,
+    flat_loss,
+    hessian_effective_rank,
+    hessian_spectrum,
+    hessian_srank,
+    hvp_hessian,
+    lanczos_eigvals,
+    make_hvp,
+)
+from cl_lightning.metrics.slq import slq_effective_rank, slq_spectral_density
+
+__all__ = [
+    "FeatureRanks",
+    "approximate_rank",
+    "average_accuracy",
+    "backward_transfer",
+    "dead_unit_fraction",
+    "dormant_unit_fraction",
+    "effective_rank",
+    "entropy_effective_rank",
+    "exact_eigvals",
+    "exact_hessian",
+    "feature_rank",
+    "flat_loss",
+    "forgetting",
+    "forward_transfer",
+    "hessian_effective_rank",
+    "hessian_spectrum",
+    "hessian_srank",
+    "hvp_hessian",
+    "intransigence",
+    "lanczos_eigvals",
+    "make_hvp",
+    "slq_effective_rank",
+    "slq_spectral_density",
+    "srank",
+    "weight_magnitude",
+]
