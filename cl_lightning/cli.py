@@ -7,6 +7,7 @@ data module to the learner, and ``trainer.max_epochs`` is filled in from the str
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from lightning.pytorch import Callback, Trainer
@@ -49,6 +50,14 @@ class CLI(LightningCLI):
 
 def main(args: list[str] | None = None, run: bool = True) -> CLI:
     """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script."""
+    # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
+    # IterableDataset with a length, and a task may have fewer chunks than the logging interval.
+    for message in (
+        ".*`training_step` returned `None`.*",
+        ".*`IterableDataset` has `__len__` defined.*",
+        ".*smaller than the logging interval.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
     return CLI(
         ContinualLearner,
         StreamDataModule,

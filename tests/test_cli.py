@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import CONFIGS, ROOT
+from helpers import CONFIGS, ROOT
 
 from cl_lightning.cli import main
 from cl_lightning.data import StreamDataModule

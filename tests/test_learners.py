@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LEARNERS, tiny_args
+from helpers import LEARNERS, tiny_args
 from torch import nn
 
 from cl_lightning.cli import main

@@ -4,7 +4,8 @@ Training: epoch ``t`` is task ``t``'s training portion in arrival order, one chu
 Under DDP every chunk is split across ranks (rank r takes examples r, r + W, …). Evaluation after task ``t``:
 
 - **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
-- **backward**: the episode of task ``t − backward_lag``;
+- **backward**: the episode of task ``t − backward_lag`` (with several lags, the mean over them: the paper uses
+  lag 5 on image streams and the mean over lags 1..5 on slowly changing regression);
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 """
@@ -66,7 +67,8 @@ class StreamDataModule(LightningDataModule):
         stream: The benchmark (``class_path`` in YAML).
         context_size: Labelled context examples per episode (the first ones of the task's training portion).
         eval_queries: Held-out queries per episode (``None``: all of them).
-        backward_lag: The backward metric evaluates task ``t − backward_lag`` (paper: 5 on image streams).
+        backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
+            (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
         num_probe_tasks: Tasks in the accuracy-matrix probe set (0 switches the matrix off).
         num_workers: DataLoader workers for the training chunks.
     """
@@ -76,18 +78,19 @@ class StreamDataModule(LightningDataModule):
         stream: TaskStream,
         context_size: int = 1000,
         eval_queries: int | None = None,
-        backward_lag: int = 5,
+        backward_lag: int | list[int] = 5,
         num_probe_tasks: int = 10,
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        if context_size < 0 or backward_lag < 1 or num_probe_tasks < 0:
+        lags = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
+        if context_size < 0 or not lags or min(lags) < 1 or num_probe_tasks < 0:
             raise ValueError("context_size >= 0, backward_lag >= 1 and num_probe_tasks >= 0 are required")
         if eval_queries is not None and eval_queries < 1:
             raise ValueError(f"eval_queries must be positive or null, got {eval_queries}")
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
-        self.backward_lag, self.num_workers = backward_lag, num_workers
+        self.backward_lags, self.num_workers = lags, num_workers
         k = min(num_probe_tasks, stream.num_tasks)
         self.probe_tasks = sorted({round(i * (stream.num_tasks - 1) / max(1, k - 1)) for i in range(k)}) if k else []
 
@@ -142,8 +145,9 @@ class StreamDataModule(LightningDataModule):
     def eval_items(self, task: int) -> list[tuple[int, list[str]]]:
         """The episodes evaluated after training on ``task`` and the names each score is logged under."""
         items: dict[int, list[str]] = {task: ["forward_{m}"]}
-        if task >= self.backward_lag:
-            items.setdefault(task - self.backward_lag, []).append("backward_{m}")
+        for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
+            if task >= lag:
+                items.setdefault(task - lag, []).append("backward_{m}")
         if task in self.probe_tasks:
             for j in self.probe_tasks:
                 items.setdefault(j, []).append(f"{{m}}_matrix/task_{j}")

@@ -10,8 +10,6 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-
 TaskType = Literal["classification", "regression"]
 
 
@@ -114,8 +112,3 @@ class ContinualLearner(LightningModule):
     def probe_layers(self) -> dict[str, nn.Module]:
         """The modules plasticity callbacks watch (default: every ``nn.Linear``), by name."""
         return {name: m for name, m in self.named_modules() if isinstance(m, nn.Linear)}
-
-    def unpack(self, batch: StreamBatch | tuple[Tensor, ...]) -> tuple[Tensor, Tensor, Tensor]:
-        """``(x, y, task_id)`` of a training chunk, inputs flattened to ``(B, D)`` for the MLP-style learners."""
-        x, y, task_id = batch
-        return x.flatten(1), y, task_id

@@ -14,6 +14,7 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -24,6 +25,7 @@ from cl_lightning.data.stream import StreamBatch
 from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
+from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.scorers import PairScorer
 
 
@@ -42,7 +44,9 @@ class QueryOnlyAttention(ContinualLearner):
         start_when_full: Train only once the buffer is full (authors' code); else once it holds one support set.
         hidden: Scorer width (paper: 100).
         num_hidden_layers: Scorer hidden → hidden layers (paper: 9).
-        use_labels: Feed ``onehot(y_j)`` to the scorer (paper: yes on Permuted MNIST, no on regression).
+        use_labels: Feed ``onehot(y_j)`` to the scorer (paper: yes on Permuted MNIST, no on regression and on
+            Split Tiny ImageNet).
+        encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN: the scorer then sees CNN features of both).
         online_queries: Incoming examples per chunk predicted before learning, for the online metric.
         optimizer: Optimiser factory (paper: Adam, lr 1e-4).
         seed: Seed of support sampling; draws depend on ``(seed, step)`` only.
@@ -62,6 +66,7 @@ class QueryOnlyAttention(ContinualLearner):
         hidden: int = 100,
         num_hidden_layers: int = 9,
         use_labels: bool = True,
+        encoder: Literal["flatten", "cnn"] = "flatten",
         online_queries: int = 2,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
@@ -76,16 +81,16 @@ class QueryOnlyAttention(ContinualLearner):
         self.start_when_full, self.online_queries = start_when_full, online_queries
         classification = task_type == "classification"
         self.use_labels = use_labels and classification
-        x_dim = 1
-        for d in self.input_shape:
-            x_dim *= d
+        x_dim = math.prod(self.input_shape)
+        self.encoder, features = make_encoder(encoder, self.input_shape)
         y_shape, y_dtype = ((), torch.long) if classification else ((num_outputs,), torch.float32)
         self.buffer = ReplayBuffer(memory_size, (x_dim,), y_shape, buffer_mode, y_dtype)
         labels = num_outputs if self.use_labels else 0
-        self.scorer = PairScorer(x_dim, labels, hidden, num_hidden_layers)
+        self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Class logits ``(Q, C)`` (sum of raw scores per class) or regression values ``(Q, k)`` (softmax over S)."""
+        query_x, support_x = self.encoder(query_x), self.encoder(support_x)  # (Q, F), (S, F)
         scores = self.scorer(query_x, support_x, support_y if self.use_labels else None)  # (Q, S)
         if self.task_type == "classification":
             return scores @ nn.functional.one_hot(support_y, self.num_outputs).to(scores.dtype)  # (Q, C)
@@ -97,7 +102,8 @@ class QueryOnlyAttention(ContinualLearner):
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
         """Predict a few incoming examples (online metric), write the chunk to the buffer, learn on one query."""
-        x, y, task_id = self.unpack(batch)
+        x, y, task_id = batch
+        x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
         if self.online_queries and len(self.buffer) >= self.support_size:
             with torch.no_grad():  # the newest support_size stored examples are the support set
