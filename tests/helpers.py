@@ -52,3 +52,62 @@ QOA = [
     "--model.optimizer.lr=0.003",
 ]
 LEARNERS = {"backprop": BACKPROP, "qoa": QOA}
+
+
+def fit(tmp_path: Path, learner: list[str], tasks: int = 3, extra: list[str] | None = None):
+    """Build a tiny run through the real CLI (no subprocess) and fit it; returns the LightningCLI object."""
+    from cl_lightning.cli import main
+
+    cli = main(tiny_args(tmp_path, learner, tasks, extra), run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    return cli
+
+
+def assert_resume_equals_uninterrupted(tmp_path: Path, learner: list[str]) -> None:
+    """Learner contract: 3 tasks straight == 1 task, checkpoint, resume to 3 tasks (state and logged metrics)."""
+    import torch
+
+    keep_all = [
+        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.save_top_k=-1",
+        "--trainer.callbacks.every_n_epochs=1",
+        f"--trainer.callbacks.dirpath={tmp_path}/ckpt",
+        "--trainer.callbacks.filename=task{epoch}",
+    ]
+    straight = fit(tmp_path / "a", learner, extra=keep_all)
+    after_task_1 = tmp_path / "ckpt" / "taskepoch=0.ckpt"
+    assert after_task_1.exists(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    from cl_lightning.cli import main
+
+    resumed = main(tiny_args(tmp_path / "b", learner), run=False)
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=str(after_task_1))
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for name, value in straight.trainer.callback_metrics.items():
+        if name.startswith(("eval/", "train/")):
+            assert torch.equal(value, resumed.trainer.callback_metrics[name]), name
+
+
+def assert_checkpoint_round_trip(tmp_path: Path, learner: list[str], cls: type, input_dim: int = 8) -> None:
+    """Learner contract: load_from_checkpoint restores every tensor and the same predictions."""
+    import torch
+
+    cli = fit(
+        tmp_path,
+        learner,
+        extra=[
+            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
+            f"--trainer.callbacks.dirpath={tmp_path}/ckpt",
+        ],
+    )
+    path = next((tmp_path / "ckpt").glob("*.ckpt"))
+    loaded = cls.load_from_checkpoint(path)
+    state = loaded.state_dict()
+    for k, v in cli.model.state_dict().items():
+        assert torch.equal(v, state[k]), k
+    x = torch.rand(4, input_dim)
+    cli.model.eval()
+    loaded.eval()
+    torch.testing.assert_close(cli.model(x), loaded(x))

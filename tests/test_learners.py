@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LEARNERS, tiny_args
+from helpers import LEARNERS, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 from torch import nn
 
-from cl_lightning.cli import main
 from cl_lightning.learners import Backprop, QueryOnlyAttention
 
 
@@ -66,15 +65,9 @@ def test_backprop_ignores_the_context() -> None:
     torch.testing.assert_close(a, model(qx))
 
 
-def _fit(tmp_path: Path, learner: str, tasks: int = 3, extra: list[str] | None = None):
-    cli = main(tiny_args(tmp_path, LEARNERS[learner], tasks, extra), run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
-    return cli
-
-
 @pytest.mark.parametrize("learner", ["backprop", "qoa"])
 def test_learner_beats_chance_on_a_tiny_stream(tmp_path: Path, learner: str) -> None:
-    cli = _fit(tmp_path, learner)
+    cli = fit(tmp_path, LEARNERS[learner])
     m = cli.trainer.callback_metrics
     assert torch.isfinite(m["train/loss"])
     assert m["eval/forward_acc"] > 0.25 + 0.2  # 4 classes
@@ -85,8 +78,8 @@ def test_learner_beats_chance_on_a_tiny_stream(tmp_path: Path, learner: str) -> 
 
 
 def test_qoa_remembers_while_backprop_forgets(tmp_path: Path) -> None:
-    bp = _fit(tmp_path / "bp", "backprop", tasks=4).trainer.callback_metrics
-    qoa = _fit(tmp_path / "qoa", "qoa", tasks=4).trainer.callback_metrics
+    bp = fit(tmp_path / "bp", LEARNERS["backprop"], tasks=4).trainer.callback_metrics
+    qoa = fit(tmp_path / "qoa", LEARNERS["qoa"], tasks=4).trainer.callback_metrics
     # backward = the task before (lag 1); its input permutation differs, so a memoryless net drops toward chance
     assert qoa["eval/backward_acc"] > qoa["eval/forward_acc"] - 0.1
     assert bp["eval/backward_acc"] < bp["eval/forward_acc"] - 0.2
@@ -94,39 +87,9 @@ def test_qoa_remembers_while_backprop_forgets(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("learner", ["backprop", "qoa"])
 def test_resumed_run_equals_uninterrupted(tmp_path: Path, learner: str) -> None:
-    keep_all = [
-        "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
-        "--trainer.callbacks.save_top_k=-1",
-        "--trainer.callbacks.every_n_epochs=1",
-        f"--trainer.callbacks.dirpath={tmp_path}/ckpt",
-    ]
-    straight = _fit(tmp_path / "a", learner, extra=keep_all)
-    after_task_1 = tmp_path / "ckpt" / "epoch=0-step=16.ckpt"
-    assert after_task_1.exists(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    resumed = main(tiny_args(tmp_path / "b", LEARNERS[learner]), run=False)
-    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=str(after_task_1))
-    a, b = straight.model.state_dict(), resumed.model.state_dict()
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    for name in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
-        assert torch.equal(straight.trainer.callback_metrics[name], resumed.trainer.callback_metrics[name]), name
+    assert_resume_equals_uninterrupted(tmp_path, LEARNERS[learner])
 
 
-def test_checkpoint_round_trip_keeps_everything(tmp_path: Path) -> None:
-    cli = _fit(
-        tmp_path,
-        "qoa",
-        extra=[
-            "--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint",
-            f"--trainer.callbacks.dirpath={tmp_path}/ckpt",
-        ],
-    )
-    path = next((tmp_path / "ckpt").glob("*.ckpt"))
-    loaded = QueryOnlyAttention.load_from_checkpoint(path)
-    for k, v in cli.model.state_dict().items():
-        assert torch.equal(v, loaded.state_dict()[k]), k
-    assert len(loaded.buffer) == len(cli.model.buffer) > 0
-    x = torch.rand(4, 8)
-    cli.model.eval()
-    torch.testing.assert_close(cli.model(x), loaded(x))
+@pytest.mark.parametrize(("learner", "cls"), [("backprop", Backprop), ("qoa", QueryOnlyAttention)])
+def test_checkpoint_round_trip_keeps_everything(tmp_path: Path, learner: str, cls: type) -> None:
+    assert_checkpoint_round_trip(tmp_path, LEARNERS[learner], cls)
