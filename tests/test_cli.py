@@ -12,7 +12,7 @@ from cl_lightning.cli import main
 from cl_lightning.data import StreamDataModule
 from cl_lightning.learners import ContinualLearner
 
-EXPERIMENTS = sorted(p for p in CONFIGS.glob("*.yaml") if p.name != "quick.yaml")
+EXPERIMENTS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("quick"))
 
 
 @pytest.mark.parametrize("config", EXPERIMENTS, ids=lambda p: p.stem)
@@ -24,6 +24,20 @@ def test_every_config_instantiates(config: Path, quick: bool, tmp_path: Path) ->
     assert isinstance(cli.datamodule, StreamDataModule)
     assert cli.trainer.max_epochs == cli.datamodule.num_tasks == (30 if quick else 7500)
     assert cli.model.input_shape == cli.datamodule.input_shape == (49,)
+
+
+@pytest.mark.parametrize("config", ["qoa_pmnist.yaml", "qoa_v2_pmnist.yaml"])
+def test_quick_qoa_overlay(config: str, tmp_path: Path) -> None:
+    args = ["--config", str(CONFIGS / config), "--config", str(CONFIGS / "quick.yaml")]
+    cli = main(
+        [*args, "--config", str(CONFIGS / "quick_qoa.yaml"), f"--trainer.logger.init_args.save_dir={tmp_path}"],
+        run=False,
+    )
+    assert cli.model.support_size == 200
+    assert cli.model.queries_per_step == 16
+    assert cli.model.buffer.capacity == 5000
+    assert cli.trainer.max_epochs == 30
+    assert cli.datamodule.stream.chunk_size == 100
 
 
 def test_max_epochs_must_match_the_stream(tmp_path: Path) -> None:
