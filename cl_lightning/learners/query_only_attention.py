@@ -39,7 +39,10 @@ class QueryOnlyAttention(ContinualLearner):
         memory_size: Replay buffer capacity (authors' PMNIST code: 50,000; the paper's table: = support size).
         buffer_mode: ``"fifo"`` (paper) or ``"reservoir"``.
         support_size: Window / support-set size (V1: 1,000; V2: 200). Evaluation uses this many context examples.
-        sampler: ``"window"`` (authors' contiguous window) or ``"uniform"`` (distinct uniform draws).
+        sampler: ``"window"`` (authors' contiguous window), ``"uniform"`` (distinct uniform draws) or
+            ``"sliding"`` (the paper's regression sampler: the newest stored example is the query and the
+            ``support_size`` stored just before it the supports; with chunks of one and ``memory_size =
+            support_size + 1``, the current stream point against the 100 points before it).
         queries_per_step: Queries per training step (paper: 1).
         start_when_full: Train only once the buffer is full (authors' code); else once it holds one support set.
         hidden: Scorer width (paper: 100).
@@ -87,6 +90,8 @@ class QueryOnlyAttention(ContinualLearner):
         self.buffer = ReplayBuffer(memory_size, (x_dim,), y_shape, buffer_mode, y_dtype)
         labels = num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
+        # Manual optimisation: no step while the buffer fills (Lightning refuses a skipped step under DDP).
+        self.automatic_optimization = False
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Class logits ``(Q, C)`` (sum of raw scores per class) or regression values ``(Q, k)`` (softmax over S)."""
@@ -101,7 +106,7 @@ class QueryOnlyAttention(ContinualLearner):
         return len(self.buffer) >= needed
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
-        """Predict a few incoming examples (online metric), write the chunk to the buffer, learn on one query."""
+        """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
@@ -119,8 +124,12 @@ class QueryOnlyAttention(ContinualLearner):
         )
         (qx, qy), (sx, sy) = self.buffer.get(q_idx.to(x.device)), self.buffer.get(s_idx.to(x.device))
         loss = self.loss(self.attend(qx, sx, sy), qy)
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
         self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=qx.shape[0])
-        return loss
+        return loss.detach()
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""

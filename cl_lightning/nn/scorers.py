@@ -48,9 +48,9 @@ class PairScorer(nn.Module):
         """Layers after the first pre-activation: ``(..., H) -> (...)``."""
         shape = h.shape[:-1]
         h = h.reshape(-1, h.shape[-1]).relu_()  # (N, H); in place: the pre-activation is not needed again
-        for layer in self.hidden:
-            h = torch.addmm(layer.bias, h, layer.weight.T).relu_()
-        return torch.addmm(self.out.bias, h, self.out.weight.T).view(shape)
+        for layer in self.hidden:  # modules called (not their weights) so forward hooks of monitors fire
+            h = layer(h).relu_()
+        return self.out(h).view(shape)
 
     def support_part(self, support_x: Tensor, support_y: Tensor | None) -> Tensor:
         """``W_s x_j + W_y[:, y_j]`` for every support: ``(S, D), (S,) -> (S, H)``."""
