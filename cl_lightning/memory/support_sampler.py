@@ -1,6 +1,6 @@
 """Support-set samplers: which buffer examples are queries and which are supports for one training step.
 
-Both return *logical* buffer indices ``(query_idx (Q,), support_idx (S,))`` with no index in both, so a query is
+All return *logical* buffer indices ``(query_idx (Q,), support_idx (S,))`` with no index in both, so a query is
 never in its own support set.
 """
 
@@ -11,7 +11,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-SamplerName = Literal["window", "uniform"]
+SamplerName = Literal["window", "uniform", "sliding"]
 
 
 def window_sample(
@@ -56,6 +56,19 @@ def uniform_sample(size: int, support_size: int, num_queries: int, generator: to
     return idx[:num_queries], idx[num_queries:]
 
 
+def sliding_sample(size: int, support_size: int, num_queries: int) -> tuple[Tensor, Tensor]:
+    """The paper's slowly-changing-regression sampler (qoa-paper.md §2.4, Algorithm 1): no randomness.
+
+    The queries are the ``num_queries`` newest stored examples (with one query per step and chunks of one: the
+    current stream point) and the supports the ``support_size`` stored just before them (the 100 immediately
+    preceding points).
+    """
+    if support_size + num_queries > size:
+        raise ValueError(f"{support_size} supports + {num_queries} queries exceed the {size} stored examples")
+    idx = torch.arange(size - num_queries - support_size, size)
+    return idx[support_size:], idx[:support_size]
+
+
 def sample_support(
     sampler: SamplerName,
     labels: Tensor | None,
@@ -64,7 +77,29 @@ def sample_support(
     num_queries: int,
     generator: torch.Generator,
 ) -> tuple[Tensor, Tensor]:
-    """Dispatch to :func:`window_sample` or :func:`uniform_sample`."""
+    """Dispatch to :func:`window_sample`, :func:`uniform_sample` or :func:`sliding_sample`."""
     if sampler == "window":
         return window_sample(labels, size, support_size, num_queries, generator)
+    if sampler == "sliding":
+        return sliding_sample(size, support_size, num_queries)
     return uniform_sample(size, support_size, num_queries, generator)
+
+
+def pseudo_task_sample(
+    size: int, num_tasks: int, support_size: int, query_size: int, generator: torch.Generator
+) -> tuple[Tensor, Tensor]:
+    """MAML-with-replay pseudo-tasks (qoa-paper.md §4, authors' code): contiguous slices of equal buffer regions.
+
+    The ``size`` stored examples (logical order, oldest first) are cut into ``num_tasks`` equal contiguous regions
+    (the last ``size mod num_tasks`` examples belong to none); in each a start is drawn uniformly, the next
+    ``support_size`` examples are the support slice and the ``query_size`` after them the query slice.
+
+    Returns:
+        ``query_idx (T, query_size)`` and ``support_idx (T, support_size)``, logical buffer indices.
+    """
+    region, span = size // num_tasks, support_size + query_size
+    if region < span:
+        raise ValueError(f"{size} stored examples in {num_tasks} regions leave fewer than {span} per region")
+    starts = torch.arange(num_tasks) * region + torch.randint(0, region - span + 1, (num_tasks,), generator=generator)
+    idx = starts[:, None] + torch.arange(span)  # (T, s + q)
+    return idx[:, support_size:], idx[:, :support_size]

@@ -1,0 +1,146 @@
+"""Full attention: the in-context transformer baseline of Bekal et al. 2025 ("Transformer" in its figures;
+arXiv 2510.00365 §3 of qoa-paper.md), adapted from Wang, Chandra & Zhang (arXiv 2503.20018).
+
+Supports are tokens ``[x_j, onehot(y_j)]`` (regression: ``[x_j, y_j]``), the query is ``[x_t, 0]``; a stack of
+single-head self-attention layers with residuals only (:class:`~cl_lightning.nn.transformer.TinyTransformer`)
+runs over them and the prediction is the query token's label slot of the last layer:
+
+    ŷ(x_t) = Transformer([x_1, e_{y_1}], …, [x_S, e_{y_S}], [x_t, 0])[query, label slot]
+
+then one Adam step per chunk on CE (or MSE). Defaults follow the authors' Permuted-MNIST code: a FIFO buffer of 100
+fed only by the last 100 examples of each 400-example chunk, the newest stored example is the query and the 99
+before it the supports, 10 layers of width 49 + 10 = 59, Adam lr 5e-4. Evaluation uses the first
+``support_size`` examples of the episode's context (the paper: the first 100 of the task, 99 used).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+
+from cl_lightning.data.stream import StreamBatch
+from cl_lightning.learners.base import ContinualLearner, TaskType
+from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.transformer import TinyTransformer
+
+
+def adam_5e4(params: object) -> torch.optim.Optimizer:
+    """Adam with lr 5e-4: the full-attention baseline's optimiser on Permuted MNIST ("to match" Wang et al.)."""
+    return torch.optim.Adam(params, lr=5e-4)
+
+
+class FullAttention(ContinualLearner):
+    """An in-context transformer over ``[x, label]`` tokens from a replay buffer.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        memory_size: FIFO buffer capacity (authors' code: 100 on PMNIST, 200 on Split Tiny ImageNet).
+        support_size: Support tokens per query (PMNIST: 99; Split: 199 in the code, 180 in the paper).
+        queries_per_step: Newest stored examples used as queries per step (authors' code: 1, the newest).
+        admit_last: Only the last ``admit_last`` examples of each chunk enter the buffer (authors' PMNIST code:
+            100 of 400); ``None`` admits every example.
+        num_layers: Attention layers (PMNIST: 10; Split: 3; SCR: 2 in the code, 1 in the paper).
+        embed_dim: Optional linear projection (no activation) of the encoded input before tokenising (the Split
+            code's ``fc1``: 128); ``None`` uses the encoder's features directly.
+        isolate_queries: How several queries are scored at once. ``"sequence"`` (authors' model): each query gets
+            its own sequence ``[supports, query]`` with full attention, so supports also attend to the query.
+            ``"mask"``: all queries share one sequence and :func:`~cl_lightning.nn.transformer.support_mask` lets
+            supports see supports only and each query the supports and itself (cheaper; a different model).
+        encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN).
+        online_queries: Incoming examples per chunk predicted before learning, for the online metric.
+        optimizer: Optimiser factory (PMNIST: Adam, lr 5e-4; Split and SCR: 1e-4).
+        seed: Seed of the learner's own randomness (unused: its sampling is deterministic).
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        memory_size: int = 100,
+        support_size: int = 99,
+        queries_per_step: int = 1,
+        admit_last: int | None = 100,
+        num_layers: int = 10,
+        embed_dim: int | None = None,
+        isolate_queries: Literal["sequence", "mask"] = "sequence",
+        encoder: Literal["flatten", "cnn"] = "flatten",
+        online_queries: int = 2,
+        optimizer: OptimizerCallable = adam_5e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        self.save_hyperparameters()
+        if (
+            support_size < 1
+            or queries_per_step < 1
+            or online_queries < 0
+            or (admit_last is not None and admit_last < 1)
+        ):
+            raise ValueError("support_size, queries_per_step and admit_last must be >= 1 and online_queries >= 0")
+        if support_size + queries_per_step > memory_size:
+            raise ValueError(f"support_size {support_size} + queries_per_step must fit in memory_size {memory_size}")
+        self.support_size, self.queries_per_step, self.admit_last = support_size, queries_per_step, admit_last
+        self.isolate_queries, self.online_queries = isolate_queries, online_queries
+        classification = task_type == "classification"
+        self.encoder, features = make_encoder(encoder, self.input_shape)
+        self.embed = nn.Identity() if embed_dim is None else nn.Linear(features, embed_dim)
+        width = (features if embed_dim is None else embed_dim) + num_outputs
+        self.transformer = TinyTransformer(width, num_layers)
+        y_shape, y_dtype = ((), torch.long) if classification else ((num_outputs,), torch.float32)
+        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, "fifo", y_dtype)
+
+    def tokens(self, x: Tensor, y: Tensor | None = None) -> Tensor:
+        """``[features(x), label slot]`` tokens ``(N, F + C)``; the slot is ``onehot(y)``, ``y`` or zeros (query)."""
+        feats = self.embed(self.encoder(x))  # (N, F)
+        if y is None:
+            slot = feats.new_zeros(feats.shape[0], self.num_outputs)
+        elif self.task_type == "classification":
+            slot = nn.functional.one_hot(y, self.num_outputs).to(feats.dtype)
+        else:
+            slot = y.to(feats.dtype)
+        return torch.cat([feats, slot], -1)
+
+    def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor, fast: bool = True) -> Tensor:
+        """Logits or values ``(Q, C)``: the query tokens' label slots after the last layer."""
+        s, q = self.tokens(support_x, support_y), self.tokens(query_x)  # (S, D), (Q, D)
+        n_s = s.shape[0]
+        if self.isolate_queries == "mask":
+            z = self.transformer(torch.cat([s, q])[None], num_supports=n_s, fast=fast)[0, n_s:]  # (Q, D)
+        else:
+            seqs = torch.cat([s.expand(q.shape[0], *s.shape), q[:, None]], 1)  # (Q, S + 1, D)
+            z = self.transformer(seqs, fast=fast)[:, -1]  # (Q, D)
+        return z[:, -self.num_outputs :]
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
+        """Predict a few incoming examples (online metric), store the chunk's tail, learn on the newest example(s)."""
+        x, y, task_id = batch
+        x = x.flatten(1)
+        if self.online_queries and len(self.buffer) >= self.support_size:
+            with torch.no_grad():
+                sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
+                k = min(self.online_queries, x.shape[0])
+                self.log_online(self.attend(x[:k], sx, sy), y[:k])
+        tail = slice(-self.admit_last if self.admit_last is not None else None, None)
+        self.buffer.add(x[tail], y[tail], task_id[tail])
+        if len(self.buffer) < self.support_size + self.queries_per_step:
+            return None
+        idx = self.buffer.newest(self.support_size + self.queries_per_step)  # supports, then the newest as queries
+        (sx, sy), (qx, qy) = self.buffer.get(idx[: self.support_size]), self.buffer.get(idx[self.support_size :])
+        loss = self.loss(self.attend(qx, sx, sy), qy)
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=qx.shape[0])
+        return loss
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""
+        if context_x.shape[0] == 0:
+            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
+        n = self.support_size
+        return self.attend(query_x.flatten(1), context_x[:n].flatten(1), context_y[:n])

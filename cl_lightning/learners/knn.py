@@ -1,0 +1,114 @@
+"""Weighted k-nearest neighbours / Nadaraya–Watson over a support set: the non-parametric reference that Bekal et
+al. 2025 (arXiv 2510.00365) frame query-only attention against ("kNN with a learned metric"; not run in the paper).
+
+    ŷ(x) = Σ_{j ∈ N_k(x)} w(x, x_j) y_j / Σ_{j ∈ N_k(x)} w(x, x_j),    d_j = ‖x − x_j‖₂,
+    w = 1 / (d_j + ε)   ("inverse")   or   w = exp(−d_j² / (2 h²))   ("gaussian", bandwidth h)
+
+over the ``k`` nearest supports (all of them with ``k = None``: the Nadaraya–Watson estimator). For classification
+``y_j`` is ``onehot(y_j)`` and the prediction is the log of the weighted class vote. Nothing is trained: the stream
+only fills a FIFO (or reservoir) buffer, which is the support set when an episode brings no context.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from cl_lightning.data.stream import StreamBatch
+from cl_lightning.learners.base import ContinualLearner, TaskType
+from cl_lightning.memory.replay_buffer import ReplayBuffer
+
+
+def knn_predict(
+    query_x: Tensor,
+    support_x: Tensor,
+    support_y: Tensor,
+    k: int | None,
+    weighting: Literal["inverse", "gaussian"],
+    bandwidth: float = 1.0,
+    eps: float = 1e-8,
+) -> Tensor:
+    """Weighted kNN: ``query_x (Q, D), support_x (S, D), support_y (S, C) float -> (Q, C)`` weighted means."""
+    dist = torch.cdist(query_x, support_x)  # (Q, S)
+    if k is not None and k < dist.shape[1]:
+        dist, idx = dist.topk(k, dim=1, largest=False)  # (Q, k)
+        values = support_y[idx]  # (Q, k, C)
+    else:
+        values = support_y.expand(dist.shape[0], *support_y.shape)  # (Q, S, C)
+    # log-weights, normalised by a softmax: Gaussian weights of far points underflow without it
+    log_w = -(dist + eps).log() if weighting == "inverse" else -(dist**2) / (2 * bandwidth**2)
+    return (log_w.softmax(-1)[..., None] * values).sum(1)  # (Q, C)
+
+
+class KNN(ContinualLearner):
+    """Distance-weighted kNN with no parameters; the episode's context (or the buffer) is the support set.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        memory_size: Buffer capacity (the support set of the online metric and of context-free predictions).
+        buffer_mode: ``"fifo"`` or ``"reservoir"``.
+        support_size: Supports used: the first ``support_size`` context examples, or the newest stored ones.
+        k: Neighbours per query; ``None`` weighs every support (Nadaraya–Watson).
+        weighting: ``"inverse"`` (w = 1/d, the paper's first form) or ``"gaussian"`` (w = exp(−d²/2h²)).
+        bandwidth: Gaussian bandwidth ``h`` in input units.
+        online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
+        seed: Seed of reservoir admission draws.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        memory_size: int = 1000,
+        buffer_mode: Literal["fifo", "reservoir"] = "fifo",
+        support_size: int = 1000,
+        k: int | None = 10,
+        weighting: Literal["inverse", "gaussian"] = "inverse",
+        bandwidth: float = 1.0,
+        online_queries: int = 400,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, seed=seed)
+        self.save_hyperparameters()
+        if support_size < 1 or (k is not None and k < 1) or bandwidth <= 0 or online_queries < 0:
+            raise ValueError("support_size and k must be >= 1, bandwidth > 0 and online_queries >= 0")
+        if support_size > memory_size:
+            raise ValueError(f"support_size {support_size} is larger than memory_size {memory_size}")
+        self.support_size, self.k, self.weighting, self.bandwidth = support_size, k, weighting, bandwidth
+        self.online_queries = online_queries
+        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
+        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
+
+    def configure_optimizers(self) -> None:
+        """Nothing to optimise: Lightning still runs every epoch and evaluation (checked in the tests)."""
+        return
+
+    def neighbours(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """Log class votes ``(Q, C)`` (classification) or weighted means ``(Q, k)`` (regression)."""
+        query_x, support_x = query_x.flatten(1), support_x.flatten(1)
+        classification = self.task_type == "classification"
+        values = nn.functional.one_hot(support_y, self.num_outputs) if classification else support_y
+        pred = knn_predict(query_x, support_x, values.to(query_x.dtype), self.k, self.weighting, self.bandwidth)
+        return pred.clamp_min(1e-12).log() if classification else pred
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
+        """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step."""
+        x, y, task_id = batch
+        x = x.flatten(1)
+        if self.online_queries and len(self.buffer) > 0:
+            sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
+            k = min(self.online_queries, x.shape[0])
+            self.log_online(self.neighbours(x[:k], sx, sy), y[:k])
+        self.buffer.add(x, y, task_id, self.step_generator() if self.buffer.mode == "reservoir" else None)
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Weighted kNN over the first ``support_size`` context examples (or the newest stored ones)."""
+        if context_x.shape[0] == 0:
+            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
+        return self.neighbours(query_x, context_x[: self.support_size], context_y[: self.support_size])

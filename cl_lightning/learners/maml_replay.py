@@ -1,0 +1,194 @@
+"""MAML with a replay buffer (Bekal et al. 2025, arXiv 2510.00365, Algorithm 2; qoa-paper.md §4), after Finn,
+Abbeel & Levine 2017 (arXiv 1703.03400).
+
+The FIFO buffer is cut into ``T`` equal contiguous regions (pseudo-tasks, not task ids); region ``i`` gives a
+support slice ``S_i`` and the query slice ``Q_i`` right after it. Per meta-update:
+
+    θ'_i = θ − α Σ_{n<5} ∇L(S_i)   (5 SGD steps, second order: the graph runs through them)
+    θ ← Adam(θ, ∇θ (1/T) Σ_i L_{θ'_i}(Q_i))
+
+Defaults follow the authors' Permuted-MNIST code, from which the figures came: MLP 49 → 100×4 → 10, buffer 60,000
+(paper text: 50,000), T = 5 pseudo-tasks of 10 supports + 10 queries, α = 0.01, Adam 1e-4, each stream example
+admitted with probability 0.1 and, once the buffer is full, every admitted example triggering one meta-update.
+At evaluation the network adapts (5 steps) on the last ``support_size`` examples of the episode's context (the
+paper: the last 10 training examples of the task; our episodes hold the task's first ``context_size``) and
+predicts the queries. Adaptation is functional (``torch.func``), so evaluation never changes θ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+from cl_lightning.data.stream import StreamBatch
+from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
+from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.memory.support_sampler import pseudo_task_sample
+from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.mlp import MLP, InitName
+
+Params = dict[str, Tensor]
+
+
+class MAMLReplay(ContinualLearner):
+    """Second-order MAML over contiguous pseudo-tasks of a FIFO replay buffer (manual optimisation).
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        hidden_sizes: MLP widths (PMNIST: [100, 100, 100, 100]; Split: [128, 128] after the CNN; SCR: [40]).
+        init: MLP initialisation (PyTorch's default; the paper does not state one).
+        encoder: ``"flatten"`` or ``"cnn"`` (Split: the shared CNN, adapted in the inner loop like everything else).
+        memory_size: FIFO buffer capacity (code: 60,000 on PMNIST, 20,000 on Split and SCR).
+        num_pseudo_tasks: Pseudo-tasks (buffer regions) per meta-update (PMNIST, Split: 5; SCR code: 20).
+        support_size: Support slice per pseudo-task, and the context examples adapted on at evaluation (10; SCR 100).
+        query_size: Query slice per pseudo-task (10; SCR code: 15).
+        inner_steps: SGD steps of the inner loop (5).
+        inner_lr: Inner-loop learning rate α (0.01).
+        first_order: Drop the second-order terms (first-order MAML); default second order as the code.
+        admission_prob: Probability that a stream example enters the buffer (PMNIST, SCR: 0.1; Split: 1).
+        update_on: ``"admitted"``: each admitted example may trigger a meta-update (PMNIST); ``"chunk"``: each
+            chunk may (Split: every 10-image chunk; SCR: every 1-point chunk with probability 0.01).
+        update_prob: Probability that a trigger performs a meta-update (PMNIST, Split: 1; SCR: 0.01).
+        start_when_full: Meta-update only once the buffer is full (the code); else once every region fits a slice.
+        online_queries: Incoming examples per chunk predicted (after adapting on the newest stored examples)
+            before learning, for the online metric.
+        optimizer: Outer optimiser factory (Adam, lr 1e-4).
+        seed: Seed of admission, update and pseudo-task draws; they depend on ``(seed, step)`` only.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        hidden_sizes: list[int] | None = None,
+        init: InitName = "default",
+        encoder: Literal["flatten", "cnn"] = "flatten",
+        memory_size: int = 60_000,
+        num_pseudo_tasks: int = 5,
+        support_size: int = 10,
+        query_size: int = 10,
+        inner_steps: int = 5,
+        inner_lr: float = 0.01,
+        first_order: bool = False,
+        admission_prob: float = 0.1,
+        update_on: Literal["admitted", "chunk"] = "admitted",
+        update_prob: float = 1.0,
+        start_when_full: bool = True,
+        online_queries: int = 100,
+        optimizer: OptimizerCallable = adam_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        if min(num_pseudo_tasks, support_size, query_size) < 1 or inner_steps < 0 or online_queries < 0:
+            raise ValueError(
+                "num_pseudo_tasks, support_size, query_size must be >= 1; inner_steps, online_queries >= 0"
+            )
+        if not (0 < admission_prob <= 1 and 0 < update_prob <= 1):
+            raise ValueError("admission_prob and update_prob must lie in (0, 1]")
+        if num_pseudo_tasks * (support_size + query_size) > memory_size:
+            raise ValueError(f"{num_pseudo_tasks} pseudo-tasks of support + query slices exceed memory_size")
+        self.num_pseudo_tasks, self.support_size, self.query_size = num_pseudo_tasks, support_size, query_size
+        self.inner_steps, self.inner_lr, self.first_order = inner_steps, inner_lr, first_order
+        self.admission_prob, self.update_on, self.update_prob = admission_prob, update_on, update_prob
+        self.start_when_full, self.online_queries = start_when_full, online_queries
+        hidden = [100, 100, 100, 100] if hidden_sizes is None else list(hidden_sizes)
+        enc, features = make_encoder(encoder, self.input_shape)
+        self.net = nn.Sequential(enc, MLP(features, num_outputs, hidden, init=init))
+        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
+        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, "fifo", y_dtype)
+
+    def adapt(self, params: Params, x: Tensor, y: Tensor, second_order: bool = True) -> Params:
+        """``inner_steps`` SGD steps on ``L(x, y)`` from ``params``; differentiable through them if ``second_order``."""
+
+        def support_loss(p: Params) -> Tensor:
+            return self.loss(functional_call(self.net, p, (x,)), y)
+
+        for _ in range(self.inner_steps):  # sequential by definition
+            grads = grad(support_loss)(params)
+            params = {
+                n: p - self.inner_lr * (g if second_order else g.detach())
+                for (n, p), g in zip(params.items(), grads.values(), strict=True)
+            }
+        return params
+
+    def meta_loss(self, sx: Tensor, sy: Tensor, qx: Tensor, qy: Tensor) -> Tensor:
+        """Mean query loss after adapting on each support slice: ``sx (T, s, D), qx (T, q, D)`` -> scalar."""
+        params = dict(self.net.named_parameters())
+
+        def query_loss(sx: Tensor, sy: Tensor, qx: Tensor, qy: Tensor) -> Tensor:
+            adapted = self.adapt(params, sx, sy, second_order=not self.first_order)
+            return self.loss(functional_call(self.net, adapted, (qx,)), qy)
+
+        return vmap(query_loss)(sx, sy, qx, qy).mean()
+
+    def _ready(self) -> bool:
+        needed = (
+            self.buffer.capacity
+            if self.start_when_full
+            else self.num_pseudo_tasks * (self.support_size + self.query_size)
+        )
+        return len(self.buffer) >= needed
+
+    def _maybe_update(self, gen: torch.Generator) -> None:
+        if not self._ready() or (self.update_prob < 1 and float(torch.rand((), generator=gen)) >= self.update_prob):
+            return
+        q_idx, s_idx = pseudo_task_sample(
+            len(self.buffer), self.num_pseudo_tasks, self.support_size, self.query_size, gen
+        )
+        (sx, sy), (qx, qy) = self.buffer.get(s_idx.to(self.device)), self.buffer.get(q_idx.to(self.device))
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = self.meta_loss(sx, sy, qx, qy)
+        self.manual_backward(loss)
+        opt.step()
+        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=1)
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
+        """Online metric, then admit examples to the buffer and run the meta-updates they trigger."""
+        x, y, task_id = batch
+        x = x.flatten(1)
+        gen = self.step_generator()
+        if self.online_queries and len(self.buffer) >= self.support_size:
+            with torch.no_grad():  # torch.func.grad still differentiates the inner loop
+                sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
+                k = min(self.online_queries, x.shape[0])
+                self.log_online(self.adapted_predict(sx, sy, x[:k]), y[:k])
+        admit = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).to(x.device)
+        x, y, task_id = x[admit], y[admit], task_id[admit]
+        if self.update_on == "chunk":
+            self.buffer.add(x, y, task_id)
+            self._maybe_update(gen)
+            return
+        for i in range(x.shape[0]):  # sequential in the authors' code: each admitted example, then its update
+            self.buffer.add(x[i : i + 1], y[i : i + 1], task_id[i : i + 1])
+            self._maybe_update(gen)
+
+    def adapted_predict(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Adapt a copy of θ on the context (first order, θ untouched) and predict the queries.
+
+        Runs with gradients even inside ``torch.no_grad`` or Lightning's ``inference_mode`` validation (it leaves
+        inference mode locally and clones the inputs, which may be inference tensors).
+        """
+        with torch.inference_mode(False), torch.enable_grad():
+            context_x, context_y, query_x = context_x.clone(), context_y.clone(), query_x.clone()
+            params = {n: p.detach() for n, p in self.net.named_parameters()}
+            if context_x.shape[0] > 0:
+                params = self.adapt(params, context_x.flatten(1), context_y, second_order=False)
+            return functional_call(self.net, params, (query_x.flatten(1),)).detach()
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Adapt on the last ``support_size`` context examples (or the newest stored ones), predict the queries."""
+        if context_x.shape[0] == 0:
+            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
+        n = self.support_size
+        return self.adapted_predict(context_x[-n:], context_y[-n:], query_x)

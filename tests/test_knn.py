@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
+
+from cl_lightning.learners import KNN
+from cl_lightning.learners.knn import knn_predict
+
+TINY = ["--model=cl_lightning.learners.KNN", "--model.memory_size=64", "--model.support_size=64", "--model.k=5"]
+
+
+def _brute_force(qx, sx, sy, k, weighting, h, eps=1e-8):
+    out = []
+    for q in qx:
+        d = np.sqrt(((sx - q) ** 2).sum(1))
+        order = np.argsort(d)[: k or len(d)]
+        w = 1.0 / (d[order] + eps) if weighting == "inverse" else np.exp(-(d[order] ** 2) / (2 * h**2))
+        out.append((w[:, None] * sy[order]).sum(0) / w.sum())
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("weighting", ["inverse", "gaussian"])
+@pytest.mark.parametrize("k", [1, 4, None])
+def test_knn_equals_brute_force_numpy(weighting: str, k: int | None) -> None:
+    rng = np.random.default_rng(0)
+    qx, sx, sy = rng.normal(size=(6, 5)), rng.normal(size=(20, 5)), rng.normal(size=(20, 3))
+    ours = knn_predict(torch.from_numpy(qx), torch.from_numpy(sx), torch.from_numpy(sy), k, weighting, 1.5)
+    np.testing.assert_allclose(ours.numpy(), _brute_force(qx, sx, sy, k, weighting, 1.5), rtol=1e-10, atol=1e-12)
+
+
+def test_knn_classification_and_regression_learners_match_brute_force() -> None:
+    rng = np.random.default_rng(1)
+    qx, sx = rng.normal(size=(7, 4)), rng.normal(size=(30, 4))
+    labels = rng.integers(0, 3, size=30)
+    clf = KNN(input_shape=(4,), num_outputs=3, memory_size=30, support_size=30, k=6).double()
+    logp = clf.predict_episode(torch.from_numpy(sx), torch.from_numpy(labels), torch.from_numpy(qx))
+    votes = _brute_force(qx, sx, np.eye(3)[labels], 6, "inverse", 1.0)
+    np.testing.assert_allclose(logp.exp().numpy(), votes, rtol=1e-10, atol=2e-12)  # votes floored at 1e-12
+    targets = rng.normal(size=(30, 2))
+    reg = KNN(
+        input_shape=(4,),
+        num_outputs=2,
+        task_type="regression",
+        memory_size=30,
+        support_size=30,
+        k=None,
+        weighting="gaussian",
+        bandwidth=0.7,
+    ).double()
+    pred = reg.predict_episode(torch.from_numpy(sx), torch.from_numpy(targets), torch.from_numpy(qx))
+    np.testing.assert_allclose(pred.numpy(), _brute_force(qx, sx, targets, None, "gaussian", 0.7), rtol=1e-10)
+
+
+def test_far_gaussian_neighbours_do_not_underflow_to_nan() -> None:
+    pred = knn_predict(torch.zeros(1, 2), torch.tensor([[100.0, 0.0], [101.0, 0.0]]), torch.eye(2), None, "gaussian")
+    torch.testing.assert_close(pred, torch.tensor([[1.0, 0.0]]))  # the nearer one wins all the weight
+
+
+def test_k1_recalls_every_stored_point() -> None:
+    x, y = torch.randn(40, 6), torch.randint(0, 5, (40,))
+    model = KNN(input_shape=(6,), num_outputs=5, memory_size=40, support_size=40, k=1)
+    model.buffer.add(x, y, torch.zeros(40, dtype=torch.long))
+    assert torch.equal(model(x).argmax(-1), y)
+
+
+def test_bad_hyperparameters_raise() -> None:
+    with pytest.raises(ValueError, match="memory_size"):
+        KNN(memory_size=10, support_size=20)
+    with pytest.raises(ValueError, match="bandwidth"):
+        KNN(bandwidth=0.0)
+
+
+def test_knn_runs_every_task_without_an_optimizer_and_beats_chance(tmp_path: Path) -> None:
+    cli = fit(tmp_path, TINY)
+    m = cli.trainer.callback_metrics
+    assert cli.trainer.current_epoch == 3
+    assert cli.model.configure_optimizers() is None
+    assert int(cli.model.buffer.n_seen) == 3 * 256  # every chunk of every task was served
+    assert m["eval/forward_acc"] > 0.25 + 0.2
+    assert m["eval/backward_acc"] > 0.25 + 0.2  # the context is the support set: nothing to forget
+    assert m["train/online_acc"] > 0.25 + 0.2
+    assert all(f"eval/acc_matrix/task_{j}" in m for j in range(3))
+
+
+@pytest.mark.slow
+def test_resumed_run_equals_uninterrupted(tmp_path: Path) -> None:
+    assert_resume_equals_uninterrupted(tmp_path, TINY)
+
+
+def test_checkpoint_round_trip_keeps_everything(tmp_path: Path) -> None:
+    assert_checkpoint_round_trip(tmp_path, TINY, KNN)
