@@ -1,6 +1,9 @@
 """Plain ``nn.Module`` building blocks (no Lightning, no tasks, no optimisers)."""
 
+from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.gnt import GenerateAndTest
 from cl_lightning.nn.mlp import MLP, init_linear
 from cl_lightning.nn.scorers import PairScorer
+from cl_lightning.nn.transformer import TinyTransformer
 
-__all__ = ["MLP", "PairScorer", "init_linear"]
+__all__ = ["MLP", "AdamGnT", "GenerateAndTest", "PairScorer", "TinyTransformer", "init_linear"]

@@ -1,0 +1,131 @@
+"""Continual Backprop: Backprop plus generate-and-test (Dohare et al. 2024, "Loss of plasticity in deep continual
+learning"; the CBP baseline of Bekal et al. 2025, which reuses the authors' ``lop/algos/cbp.py`` verbatim).
+
+Per chunk, as ``ContinualBackprop.learn`` of the reference (plasticity-and-baselines.md §2.1): forward pass keeping
+the post-ReLU features of every hidden layer, one optimiser step on the chunk's loss, then one generate-and-test
+step (:class:`~cl_lightning.nn.gnt.GenerateAndTest`) on those features, which replaces the lowest-utility mature
+units and resets their AdamGnT state. QOA paper, Permuted MNIST: the BP net 49 → 200×4 → 10, AdamGnT lr 1e-4,
+``adaptable_contribution``, replacement rate 1e-4, maturity threshold 100, decay 0.99, accumulated replacement
+counts (qoa-paper.md §5). Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are
+trained but never replaced (the reference's ConvGnT is a different algorithm).
+
+Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path: cl_lightning.nn.AdamGnT`` with
+``lr``/``betas``/``eps``/``update_rule``), default AdamGnT with lr 1e-4. Generate-and-test resets the state of an
+AdamGnT and leaves SGD's alone (the reference's two options); any other optimiser, whose per-unit state would go
+stale silently, is refused in ``configure_optimizers``.
+
+DDP: each rank tests units on its own share of the chunk, so utilities would drift apart across ranks; runs that
+use this learner should stay on one device until the feature statistics are all-reduced.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from cl_lightning.data.stream import StreamBatch
+from cl_lightning.learners.backprop import Backprop
+from cl_lightning.learners.base import TaskType
+from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
+from cl_lightning.nn.mlp import InitName
+
+
+def adam_gnt_1e4(params: Any) -> AdamGnT:
+    """AdamGnT with lr 1e-4, default betas and the corrected update rule (the QOA paper's CBP optimiser)."""
+    return AdamGnT(params, lr=1e-4)
+
+
+class ContinualBackprop(Backprop):
+    """Backprop whose weakest mature hidden units are re-initialised after every step.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        hidden_sizes: Hidden widths of the MLP (paper PMNIST: [200, 200, 200, 200]).
+        init: Initial weights (paper code: Kaiming-uniform, zero biases).
+        encoder: ``"flatten"`` or ``"cnn"`` (generate-and-test acts on the MLP head only).
+        replacement_rate: Fraction of eligible units replaced per step (paper PMNIST: 1e-4).
+        maturity_threshold: Minimum age, in steps, before a unit may be replaced (100).
+        decay_rate: η of the utility and mean-activation running averages (0.99).
+        utility: ``"adaptable_contribution"`` (reference MNIST default) or ``"contribution"``.
+        accumulate: Carry fractional replacement counts over (``True`` in the PMNIST reference).
+        replacement_init: Distribution of redrawn incoming weights (reference: ``"kaiming"``).
+        next_bias_correction: Apply the next-layer bias correction that the reference turns into a no-op
+            (default ``False``, faithful).
+        optimizer: Optimiser factory: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (default, lr 1e-4) or
+            ``torch.optim.SGD``.
+        seed: Seed of the redrawn weights; draws depend on ``(seed, step)`` only.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        hidden_sizes: list[int] | None = None,
+        init: InitName = "kaiming",
+        encoder: Literal["flatten", "cnn"] = "flatten",
+        replacement_rate: float = 1e-4,
+        maturity_threshold: int = 100,
+        decay_rate: float = 0.99,
+        utility: UtilityType = "adaptable_contribution",
+        accumulate: bool = True,
+        replacement_init: ReplacementInit = "kaiming",
+        next_bias_correction: bool = False,
+        optimizer: OptimizerCallable = adam_gnt_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, hidden_sizes, init, encoder, optimizer, seed)
+        self.save_hyperparameters()
+        widths = [layer.out_features for layer in self.net.layers[:-1]]
+        self.gnt = GenerateAndTest(
+            widths,
+            replacement_rate,
+            maturity_threshold,
+            decay_rate,
+            utility,
+            accumulate,
+            replacement_init,
+            next_bias_correction,
+        )
+
+    def predict_with_features(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+        """Outputs and the post-ReLU features of every hidden layer (the same computation as ``MLP.forward``)."""
+        h, features = self.encoder(x), []
+        for layer in self.net.layers[:-1]:
+            h = layer(h).relu()
+            features.append(h)
+        return self.net.layers[-1](h), features
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> dict[str, Any]:
+        """Loss of the chunk (logged as the online metric); its features go to generate-and-test after the step."""
+        x, y, _ = batch
+        pred, features = self.predict_with_features(x)
+        loss = self.loss(pred, y)
+        self.log_online(pred, y, loss)
+        return {"loss": loss, "features": [h.detach() for h in features]}
+
+    def on_train_batch_end(self, outputs: dict[str, Any], batch: StreamBatch, batch_idx: int) -> None:
+        """Generate-and-test after the optimiser step (``ContinualBackprop.learn``)."""
+        optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
+        self.gnt.step(list(self.net.layers), outputs["features"], optimizer, self.step_generator())
+
+    def on_train_epoch_end(self) -> None:
+        """Log how many units have been replaced so far (all layers)."""
+        total = sum(self.gnt.buffer("replaced", i) for i in range(self.gnt.num_layers))
+        self.log("train/replaced_units", total.float())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """Build the optimiser; refuse one whose per-unit state generate-and-test cannot reset."""
+        optimizer = super().configure_optimizers()
+        if not isinstance(optimizer, (AdamGnT, torch.optim.SGD)):
+            raise ValueError(
+                f"ContinualBackprop needs cl_lightning.nn.AdamGnT (its per-unit state is reset) or torch.optim.SGD "
+                f"(nothing to reset, as the reference), got {type(optimizer).__name__}"
+            )
+        return optimizer

@@ -1,0 +1,123 @@
+"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (Bekal et al. 2025, §5).
+
+Task-aware: at the end of each task, a diagonal empirical Fisher from the task's training data with the true
+labels, ``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N`` (per-batch squared gradients of the mean loss, weighted by
+the batch size, as the authors' code; the batches are the stream's chunks), and an anchor copy θ* of the
+weights. The last K tasks' pairs are kept in preallocated buffers (a ring of K slots; empty slots have F = 0),
+and training minimises
+
+    L = CE + (λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²
+
+with λ = 1e5 and K = 5 (the paper's Split Tiny ImageNet setting; it ran EWC on no other benchmark). Other
+"EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): plasticity-and-baselines.md §8.
+
+DDP: every rank computes the same Fisher from the whole task (the stream regenerates it), so penalties agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from cl_lightning.data.stream import StreamBatch, TaskStream
+from cl_lightning.learners.backprop import Backprop
+from cl_lightning.learners.base import TaskType, adam_1e4
+from cl_lightning.nn.mlp import InitName
+
+
+class EWC(Backprop):
+    """Backprop with quadratic penalties anchoring the weights of the last ``num_penalties`` tasks.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        hidden_sizes: Hidden widths of the MLP head (paper, Split Tiny ImageNet: [128, 128] after the CNN).
+        init: Initial weights (paper code: Kaiming-uniform, zero biases).
+        encoder: ``"flatten"`` or ``"cnn"`` (paper: the shared CNN).
+        ewc_lambda: λ of the penalty (paper: 1e5).
+        num_penalties: K, the number of past tasks whose penalties are kept (paper: 5).
+        fisher_samples: Training examples of the task the Fisher is computed from, the first ones in arrival
+            order (``None``: all of them, as the paper).
+        optimizer: Optimiser factory (paper: Adam, lr 1e-4).
+        seed: Seed of the learner's own sampling (unused by EWC itself).
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        hidden_sizes: list[int] | None = None,
+        init: InitName = "kaiming",
+        encoder: Literal["flatten", "cnn"] = "flatten",
+        ewc_lambda: float = 1e5,
+        num_penalties: int = 5,
+        fisher_samples: int | None = None,
+        optimizer: OptimizerCallable = adam_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, hidden_sizes, init, encoder, optimizer, seed)
+        self.save_hyperparameters()
+        if ewc_lambda < 0 or num_penalties < 1 or (fisher_samples is not None and fisher_samples < 1):
+            raise ValueError("ewc_lambda >= 0, num_penalties >= 1 and fisher_samples >= 1 (or null) are required")
+        self.ewc_lambda, self.num_penalties, self.fisher_samples = ewc_lambda, num_penalties, fisher_samples
+        num_params = sum(p.numel() for p in self._weights())
+        self.register_buffer("fisher", torch.zeros(num_penalties, num_params))  # (K, P)
+        self.register_buffer("anchors", torch.zeros(num_penalties, num_params))  # (K, P)
+        self.register_buffer("tasks_consolidated", torch.zeros((), dtype=torch.long))
+
+    def _weights(self) -> list[Tensor]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def penalty(self) -> Tensor:
+        """``(λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²`` at the current weights (0 before the first task ends)."""
+        theta = torch.cat([p.flatten() for p in self._weights()])  # (P,)
+        return 0.5 * self.ewc_lambda * (self.fisher * (theta - self.anchors).square()).sum()
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor:
+        """Cross-entropy of the chunk (logged as the online metric) plus the EWC penalty."""
+        x, y, _ = batch
+        pred = self.predict(x)
+        loss = self.loss(pred, y)
+        self.log_online(pred, y, loss)
+        penalty = self.penalty()
+        self.log("train/ewc_penalty", penalty.detach(), on_step=False, on_epoch=True, batch_size=x.shape[0])
+        return loss + penalty
+
+    def consolidate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
+        """Store the empirical Fisher of ``batches`` (the finished task's data, true labels) and the current
+        weights in the oldest of the K slots."""
+        weights = self._weights()
+        fisher, seen = torch.zeros_like(self.fisher[0]), 0
+        with torch.enable_grad():
+            for x, y in batches:
+                grads = torch.autograd.grad(self.loss(self.predict(x), y), weights)
+                fisher += torch.cat([g.flatten() for g in grads]).square() * x.shape[0]
+                seen += x.shape[0]
+        slot = int(self.tasks_consolidated) % self.num_penalties
+        self.fisher[slot] = fisher / max(seen, 1)
+        self.anchors[slot] = torch.cat([p.detach().flatten() for p in weights])
+        self.tasks_consolidated += 1
+
+    def _task_batches(self, stream: TaskStream, task: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The task's training chunks in arrival order, cut at ``fisher_samples`` examples."""
+        budget = stream.train_size if self.fisher_samples is None else self.fisher_samples
+        for i in range(stream.num_chunks):
+            if budget <= 0:
+                return
+            x, y, _ = stream.chunk(task, i)
+            x, y = x[:budget].to(self.device), y[:budget].to(self.device)
+            budget -= x.shape[0]
+            yield x, y
+
+    def on_train_epoch_end(self) -> None:
+        """At the task's end (one epoch = one task): Fisher and anchor of the finished task."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is None or not hasattr(datamodule, "stream"):
+            raise RuntimeError("EWC is task-aware: fit it with a StreamDataModule, whose stream gives each task's data")
+        self.consolidate(self._task_batches(datamodule.stream, self.trainer.current_epoch))

@@ -1,0 +1,105 @@
+"""AdamGnT: Adam with a step count per element, so generate-and-test can reset the state of single units.
+
+After Dohare et al. (2024), ``lop/utils/AdamGnT.py`` (plasticity-and-baselines.md §2.4–2.5). Torch's ``Adam``
+keeps one scalar step per tensor, so a replaced unit's row could not restart its bias correction; here every
+element has its own count ``t`` and :meth:`AdamGnT.reset_state` zeroes ``(t, m, v)`` of chosen rows or columns.
+
+Update rules (``update_rule``):
+
+- ``"corrected"`` (default, as the issue asks and as upstream PR #13 fixed it): standard Adam with per-element t,
+  ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``, ``p ← p − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε)``.
+  Without resets it equals ``torch.optim.Adam`` (tested).
+- ``"reference"``: the snapshot of the authors' code the QOA paper reused, where the step-size correction
+  ``√(1−β2^t)/(1−β1^t)`` is computed but not assigned and the denominator is divided in place by ``m``, so the
+  update is ``p ← p − lr · (1−β2^t) · m / (√v + ε)`` (shibhansh/loss-of-plasticity#12). Whether the published
+  curves used it is unknown.
+
+Other differences from the reference, all deliberate: the state is created eagerly at construction (final shape,
+so a checkpoint taken before the first step holds it too); the per-element count is stored under the key
+``"element_step"``, not ``"step"``, because torch's ``load_state_dict`` and Lightning's device moves leave any
+``"step"`` entry where it was saved (a CPU tensor next to GPU parameters after a resume); weight decay (coupled L2,
+as the reference) is added to a copy of the gradient instead of to ``p.grad`` in place; no AMSGrad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+UpdateRule = Literal["corrected", "reference"]
+
+
+class AdamGnT(torch.optim.Optimizer):
+    """Adam with per-element step counts and per-unit state resets.
+
+    Args:
+        params: Parameters or parameter groups.
+        lr: Learning rate (QOA paper's CBP: 1e-4).
+        betas: ``(β1, β2)`` of the first and second moment averages.
+        eps: Added to the denominator.
+        weight_decay: Coupled L2 penalty added to the gradient (reference default: 0).
+        update_rule: ``"corrected"`` (standard Adam, per-element t) or ``"reference"`` (the snapshot's update,
+            see the module docstring).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        update_rule: UpdateRule = "corrected",
+    ) -> None:
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError(f"lr, eps and weight_decay must be >= 0, got {lr}, {eps}, {weight_decay}")
+        if not (0 <= betas[0] < 1 and 0 <= betas[1] < 1):
+            raise ValueError(f"betas must lie in [0, 1), got {betas}")
+        if update_rule not in ("corrected", "reference"):
+            raise ValueError(f"update_rule must be 'corrected' or 'reference', got {update_rule!r}")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults)
+        self.update_rule = update_rule
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p] = {
+                    "element_step": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                }
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter that has a gradient; returns the closure's loss if one is given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad = p.grad if group["weight_decay"] == 0 else p.grad.add(p, alpha=group["weight_decay"])
+                state = self.state[p]
+                t, m, v = state["element_step"], state["exp_avg"], state["exp_avg_sq"]
+                t.add_(1)
+                m.mul_(beta1).add_(grad, alpha=1 - beta1)
+                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                if self.update_rule == "corrected":
+                    denom = (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
+                    p.addcdiv_(m / (1 - beta1**t), denom, value=-group["lr"])
+                else:  # written as the reference computes it: (1 − β2^t) / ((√v + ε) / m)
+                    p.addcdiv_(1 - beta2**t, (v.sqrt() + group["eps"]) / m, value=-group["lr"])
+        return loss
+
+    @torch.no_grad()
+    def reset_state(self, param: Tensor, index: Tensor, dim: int) -> None:
+        """Zero the step counts and both moments of ``param`` at ``index`` along ``dim`` (a replaced unit's row or
+        column): the unit's next update is a fresh Adam step (``lop/algos/gnt.py``, ``update_optim_params``)."""
+        state = self.state[param]
+        for key in ("element_step", "exp_avg", "exp_avg_sq"):
+            state[key].index_fill_(dim, index.to(state[key].device), 0)

@@ -1,0 +1,211 @@
+"""Generate-and-test: the unit-replacement step of Continual Backprop (Dohare et al. 2024, ``lop/algos/gnt.py``).
+
+Run after each optimiser step on the post-activation features ``h`` of the forward pass before that step
+(plasticity-and-baselines.md §2.1–2.4). For every hidden layer, with η = ``decay_rate``:
+
+1. ``age += 1``; bias correction ``bc = 1 − η^age``.
+2. ``util ← η·util``; ``mean_act ← η·mean_act + (1−η)·mean_batch(h)``; ``ĥ = mean_act / bc``.
+3. ``out_mag`` = mean |outgoing weight| of each unit, ``in_mag`` = mean |incoming weight|, and
+   ``contribution``: ``out_mag · mean_batch|h|`` (Eq. 1 of the Nature paper up to a per-layer constant) or
+   ``adaptable_contribution``: ``out_mag · mean_batch|h − ĥ| / in_mag`` (the MNIST default of the reference).
+4. ``util ← util + (1−η)·new_util``; ``bias_corrected_util = util / bc``.
+5. Units with ``age > maturity_threshold`` are eligible; ``replacement_rate · #eligible`` of them are replaced,
+   the fractional part carried over (``accumulate=True``) or, below one, one unit with that probability.
+6. The eligible units of smallest ``bias_corrected_util`` get ``util = mean_act = 0``, fresh incoming weights
+   ``U(−b, b)`` (``b = gain(ReLU)·√(3/fan_in)`` for ``"kaiming"``), incoming bias 0, outgoing weights 0, age 0,
+   and, with :class:`~cl_lightning.nn.adam_gnt.AdamGnT`, zeroed Adam state for their incoming row, bias and
+   outgoing column (SGD state is left alone, as the reference).
+
+Quirks of the reference kept as options with the faithful default:
+
+- ``next_bias_correction=False``: the reference adds ``Σ_units W_next[:, u] · ĥ_u`` to the next layer's bias to
+  keep the function unchanged, but reads ``mean_act`` after step 6 zeroed it, so it adds 0. ``True`` applies it
+  with ĥ from before the reset.
+- With ``replacement_rate = 0`` the reference returns before updating ages and utilities; so does this.
+- Ties in utility are broken towards the lower unit index (the reference's ``topk`` leaves them unspecified).
+
+All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_corrected_util_i``,
+``mean_act_i``, ``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float),
+``replaced_i`` (a running count)). Randomness comes from the generator passed to :meth:`step`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from cl_lightning.nn.adam_gnt import AdamGnT
+
+UtilityType = Literal["contribution", "adaptable_contribution"]
+ReplacementInit = Literal["kaiming", "default", "xavier", "lecun"]
+
+# Bound b of U(−b, b) for a redrawn incoming row, from (fan_in, fan_out); ReLU gain √2 (``compute_bounds``).
+_BOUNDS: dict[str, Callable[[int, int], float]] = {
+    "kaiming": lambda fan_in, fan_out: math.sqrt(2) * math.sqrt(3 / fan_in),
+    "default": lambda fan_in, fan_out: math.sqrt(1 / fan_in),
+    "xavier": lambda fan_in, fan_out: math.sqrt(2) * math.sqrt(6 / (fan_in + fan_out)),
+    "lecun": lambda fan_in, fan_out: math.sqrt(3 / fan_in),
+}
+
+
+def contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
+    """``out_mag · mean_batch|h|`` per unit: ``h (B, H)``, the rest ``(H,)``."""
+    return out_mag * h.abs().mean(0)
+
+
+def adaptable_contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
+    """``out_mag · mean_batch|h − ĥ| / in_mag`` per unit: ``h (B, H)``, the rest ``(H,)``."""
+    return out_mag * (h - h_hat).abs().mean(0) / in_mag
+
+
+_UTILITIES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
+    "contribution": contribution,
+    "adaptable_contribution": adaptable_contribution,
+}
+
+
+class GenerateAndTest(nn.Module):
+    """Utilities, ages and replacement of the hidden units of a stack of linear layers.
+
+    Args:
+        hidden_sizes: Widths of the hidden layers (layer ``i`` feeds layer ``i + 1``; the last feeds the output).
+        replacement_rate: Fraction of eligible units replaced per step (QOA paper's PMNIST CBP: 1e-4).
+        maturity_threshold: Units younger than or as old as this are never replaced (100).
+        decay_rate: η of the running averages (0.99).
+        utility: ``"contribution"`` or ``"adaptable_contribution"`` (reference MNIST/SCR default).
+        accumulate: Carry the fractional replacement count over (the PMNIST reference hard-codes ``True``);
+            ``False`` replaces one unit with probability ``n`` when ``n < 1``.
+        init: Distribution bound of redrawn incoming weights (reference default ``"kaiming"``).
+        next_bias_correction: Apply the next-layer bias correction the reference turns into a no-op (default
+            ``False``, faithful).
+    """
+
+    def __init__(
+        self,
+        hidden_sizes: list[int],
+        replacement_rate: float = 1e-4,
+        maturity_threshold: int = 100,
+        decay_rate: float = 0.99,
+        utility: UtilityType = "adaptable_contribution",
+        accumulate: bool = True,
+        init: ReplacementInit = "kaiming",
+        next_bias_correction: bool = False,
+    ) -> None:
+        super().__init__()
+        if not hidden_sizes or min(hidden_sizes) < 1:
+            raise ValueError(f"generate-and-test needs at least one hidden layer, got hidden_sizes={hidden_sizes}")
+        if not 0 <= replacement_rate <= 1 or not 0 <= decay_rate < 1 or maturity_threshold < 0:
+            raise ValueError("replacement_rate in [0, 1], decay_rate in [0, 1) and maturity_threshold >= 0 required")
+        if utility not in _UTILITIES or init not in _BOUNDS:
+            raise ValueError(f"utility must be one of {list(_UTILITIES)} and init one of {list(_BOUNDS)}")
+        self.num_layers = len(hidden_sizes)
+        self.replacement_rate, self.decay_rate = replacement_rate, decay_rate
+        self.maturity_threshold = maturity_threshold
+        self.utility, self.accumulate, self.init = utility, accumulate, init
+        self.next_bias_correction = next_bias_correction
+        for i, width in enumerate(hidden_sizes):
+            for name in ("util", "bias_corrected_util", "mean_act"):
+                self.register_buffer(f"{name}_{i}", torch.zeros(width))
+            self.register_buffer(f"age_{i}", torch.zeros(width, dtype=torch.long))
+            self.register_buffer(f"to_replace_{i}", torch.zeros((), dtype=torch.float64))
+            self.register_buffer(f"replaced_{i}", torch.zeros((), dtype=torch.long))
+
+    def buffer(self, name: str, layer: int) -> Tensor:
+        """The buffer ``name`` (``util``, ``age``, ...) of hidden layer ``layer``."""
+        return getattr(self, f"{name}_{layer}")
+
+    @torch.no_grad()
+    def step(
+        self,
+        layers: Sequence[nn.Linear],
+        features: Sequence[Tensor],
+        optimizer: torch.optim.Optimizer | None,
+        generator: torch.Generator,
+    ) -> list[Tensor]:
+        """Test every hidden layer, replace its weakest mature units; returns the replaced indices per layer.
+
+        Args:
+            layers: The ``num_layers + 1`` linear layers (hidden layers, then the output layer).
+            features: Post-activation outputs ``(B, H_i)`` of each hidden layer, from the forward pass before the
+                optimiser step.
+            optimizer: The optimiser; its per-unit state is reset when it is an :class:`AdamGnT`.
+            generator: CPU generator of the stochastic rounding and the redrawn weights.
+        """
+        assert len(layers) == self.num_layers + 1
+        assert len(features) == self.num_layers
+        empty = [torch.zeros(0, dtype=torch.long, device=f.device) for f in features]
+        if self.replacement_rate == 0:
+            return empty
+        tested = [self._test(i, layers[i], layers[i + 1], features[i], generator) for i in range(self.num_layers)]
+        counts = torch.stack([mask.sum() for mask, _ in tested]).tolist()  # the step's one host sync
+        replaced = []
+        for i, ((mask, h_hat), count) in enumerate(zip(tested, counts, strict=True)):
+            if count == 0:
+                replaced.append(empty[i])
+                continue
+            index = mask.nonzero().flatten()
+            self._generate(i, layers[i], layers[i + 1], index, h_hat, generator)
+            if isinstance(optimizer, AdamGnT):
+                optimizer.reset_state(layers[i].weight, index, 0)
+                optimizer.reset_state(layers[i].bias, index, 0)
+                optimizer.reset_state(layers[i + 1].weight, index, 1)
+            replaced.append(index)
+        return replaced
+
+    def _test(
+        self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor, gen: torch.Generator
+    ) -> tuple[Tensor, Tensor]:
+        """Update ages and utilities of layer ``i`` and mark the units to replace (``test_features``)."""
+        eta = self.decay_rate
+        age, util, mean_act = self.buffer("age", i), self.buffer("util", i), self.buffer("mean_act", i)
+        age.add_(1)
+        bc = 1 - eta ** age.to(util.dtype)  # (H,) Adam-style bias correction by age
+        util.mul_(eta)
+        mean_act.mul_(eta).add_(h.mean(0).to(util.dtype), alpha=1 - eta)
+        h_hat = mean_act / bc
+        out_mag = consumer.weight.abs().mean(0)  # (H,) mean over the units this one feeds
+        in_mag = layer.weight.abs().mean(1)  # (H,) mean over this unit's inputs
+        util.add_(_UTILITIES[self.utility](h.to(util.dtype), h_hat, out_mag, in_mag), alpha=1 - eta)
+        corrected = self.buffer("bias_corrected_util", i)
+        corrected.copy_(util / bc)
+        eligible = age > self.maturity_threshold
+        count = self._count(i, eligible.sum(), gen)
+        key = torch.where(eligible, corrected, torch.full_like(corrected, math.inf))
+        order = key.argsort(stable=True)  # lowest utility first, ties to the lower index
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel(), device=order.device)
+        mask = (rank < count) & eligible
+        util.masked_fill_(mask, 0)
+        mean_act.masked_fill_(mask, 0)
+        return mask, h_hat
+
+    def _count(self, i: int, eligible: Tensor, gen: torch.Generator) -> Tensor:
+        """How many units of layer ``i`` to replace this step (a float64 tensor holding an integer)."""
+        expected = self.replacement_rate * eligible.to(torch.float64)
+        carried = self.buffer("to_replace", i)
+        carried.add_(expected)  # the reference accumulates in both modes
+        if self.accumulate:
+            count = carried.floor()
+            carried.sub_(count)
+            return count
+        draw = torch.rand((), generator=gen, dtype=torch.float64).to(expected.device)
+        rounded = ((draw <= expected) & (eligible > 0)).to(torch.float64)  # one unit with probability n < 1
+        return torch.where(expected < 1, rounded, expected.floor())
+
+    def _generate(
+        self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor, gen: torch.Generator
+    ) -> None:
+        """Redraw incoming weights, zero incoming bias and outgoing weights, reset ages (``gen_new_features``)."""
+        bound = _BOUNDS[self.init](layer.in_features, layer.out_features)
+        fresh = torch.empty(index.numel(), layer.in_features).uniform_(-bound, bound, generator=gen)
+        layer.weight[index] = fresh.to(layer.weight)
+        layer.bias[index] = 0
+        if self.next_bias_correction:  # the reference's line, with ĥ read before the reset zeroed it
+            consumer.bias.add_((consumer.weight[:, index] * h_hat[index].to(consumer.weight)).sum(1))
+        consumer.weight[:, index] = 0
+        self.buffer("age", i)[index] = 0
+        self.buffer("replaced", i).add_(index.numel())
