@@ -2,7 +2,21 @@
 
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.data.permuted_mnist import PermutedMNIST
+from cl_lightning.data.slowly_changing_regression import SlowlyChangingRegression
+from cl_lightning.data.split_images import SplitImages, SplitMNIST, SplitTinyImageNet
 from cl_lightning.data.stream import Episode, StreamBatch, TaskData, TaskStream
 from cl_lightning.data.synthetic import SyntheticClasses
 
-__all__ = ["Episode", "PermutedMNIST", "StreamBatch", "StreamDataModule", "SyntheticClasses", "TaskData", "TaskStream"]
+__all__ = [
+    "Episode",
+    "PermutedMNIST",
+    "SlowlyChangingRegression",
+    "SplitImages",
+    "SplitMNIST",
+    "SplitTinyImageNet",
+    "StreamBatch",
+    "StreamDataModule",
+    "SyntheticClasses",
+    "TaskData",
+    "TaskStream",
+]
