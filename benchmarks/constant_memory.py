@@ -1,0 +1,157 @@
+"""Constant memory, constant cost: parametric attention against attention over a replay buffer (issue 5, P2/P4).
+
+Runs each learner over one long Permuted-MNIST stream (chunks of 400, tasks of ``--task-size`` images, one learner
+step per chunk: ``training_step``, backward, Adam step, as the Trainer would) and prints, at several points of the
+stream, the seconds per step (median over the ``--window`` steps before the point) and the bytes of context memory
+(the replay buffer's stored examples, or the fast state). Then the late / early ratios, and whether the
+parametric learners' stay flat. Learners:
+
+- ``qoa``: QueryOnlyAttention as the paper's V1 (FIFO buffer grows to its cap of 50,000, support window 1,000,
+  training only once the buffer is full, as the authors' code);
+- ``full_attention``: FullAttention as the paper (FIFO buffer of 100, 99 supports), if that learner exists;
+- ``qoa_read_all``: the cost of *reading* the whole buffer with QOA's scorer (one query, no cap, no training):
+  nonparametric attention over all the context seen, the cost that grows without bound;
+- ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol).
+
+Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``.
+"""
+
+# ruff: noqa: T201 - a benchmark script: its printout is the result
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from cl_lightning.data import PermutedMNIST
+from cl_lightning.learners import ParametricAttention, QueryOnlyAttention
+from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.memory.replay_buffer import ReplayBuffer
+
+CHUNK = 400
+
+
+def _buffer_bytes(buffer: ReplayBuffer) -> int:
+    """Bytes of the examples stored so far (x, y and task id per row; the preallocated tail is not context)."""
+    row = sum(t[0].numel() * t.element_size() for t in (buffer.x, buffer.y, buffer.task_id))
+    return len(buffer) * row
+
+
+def context_bytes(learner: ContinualLearner) -> int:
+    """Bytes of the learner's context memory: its fast state, or its replay buffer's stored examples."""
+    if isinstance(learner, ParametricAttention):
+        return learner.fast_state.numel() * learner.fast_state.element_size()
+    return _buffer_bytes(learner.buffer)
+
+
+def _learners(names: list[str], total: int) -> dict[str, tuple[ContinualLearner, Callable | None]]:
+    """Each learner and, for the read-only row, the function timed instead of a training step."""
+    out: dict[str, tuple[ContinualLearner, Callable | None]] = {}
+    for name in names:
+        torch.manual_seed(0)
+        if name == "qoa":
+            out[name] = (QueryOnlyAttention(memory_size=50_000, support_size=1_000), None)
+        elif name == "qoa_read_all":
+            qoa = QueryOnlyAttention(memory_size=total, support_size=1, start_when_full=True, online_queries=0)
+
+            def read_all(x: torch.Tensor, qoa: QueryOnlyAttention = qoa) -> None:
+                with torch.no_grad():
+                    qoa.attend(x[:1], qoa.buffer.x[: len(qoa.buffer)], qoa.buffer.y[: len(qoa.buffer)])
+
+            out[name] = (qoa, read_all)
+        elif name == "full_attention":
+            from cl_lightning.learners import FullAttention
+
+            out[name] = (FullAttention(), None)
+        else:
+            out[name] = (ParametricAttention(rule=name, hidden_sizes=[256, 256], key_dim=128), None)
+    return out
+
+
+def _step(learner: ContinualLearner, optimizer: torch.optim.Optimizer, batch: tuple, index: int) -> None:
+    loss = learner.training_step(batch, index)
+    if loss is not None:
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+
+
+def run(
+    learner: ContinualLearner, reader: Callable | None, stream: PermutedMNIST, points: list[int], window: int
+) -> list[tuple[int, float, int]]:
+    """Rows ``(examples seen, seconds per step, context bytes)`` at each point (in examples) of the stream."""
+    optimizer = learner.configure_optimizers()
+    per_task, steps = stream.num_chunks, max(points) // CHUNK
+    times, rows = [], []
+    for i in range(steps):
+        batch = stream.chunk(i // per_task, i % per_task)  # data generation is not timed
+        start = time.perf_counter()
+        if reader is None:
+            _step(learner, optimizer, batch, i)
+        else:  # the read-only row: store the chunk (untimed), time one read over everything stored
+            learner.buffer.add(batch.x.flatten(1), batch.y, batch.task_id)
+            start = time.perf_counter()
+            if (i + 1) * CHUNK in points:
+                reader(batch.x.flatten(1))
+        times.append(time.perf_counter() - start)
+        if (i + 1) * CHUNK in points:
+            recent = times[-window:] if reader is None else times[-1:]
+            rows.append(((i + 1) * CHUNK, statistics.median(recent), context_bytes(learner)))
+    return rows
+
+
+def main() -> None:
+    """Run the learners, print the table and the late / early ratios."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, nargs="+", default=[10_000, 50_000, 100_000, 200_000])
+    parser.add_argument("--window", type=int, default=10, help="steps before each point whose median time is shown")
+    parser.add_argument("--task-size", type=int, default=10_000, help="training images per Permuted-MNIST task")
+    parser.add_argument("--learners", nargs="+", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*self.trainer.*")  # self.log outside a Trainer: nothing to log to
+    points = sorted({p - p % CHUNK for p in args.points if p >= CHUNK})
+    has_full = importlib.util.find_spec("cl_lightning.learners.full_attention") is not None
+    names = args.learners or [
+        "qoa",
+        *(["full_attention"] if has_full else []),
+        "qoa_read_all",
+        "delta_rule",
+        "gated_delta_rule",
+    ]
+    if not has_full:
+        print("FullAttention is not in the package: QOA only as the attention baseline.")
+    tasks = max(points) // args.task_size + 1
+    stream = PermutedMNIST(num_tasks=tasks, train_size=args.task_size, query_size=1, chunk_size=CHUNK)
+    print(f"{'learner':<18}{'examples':>10}{'ms/step':>10}{'context bytes':>15}")
+    verdicts = []
+    for name, (learner, reader) in _learners(names, max(points)).items():
+        rows = run(learner, reader, stream, points, args.window)
+        for seen, seconds, nbytes in rows:
+            print(f"{name:<18}{seen:>10}{seconds * 1e3:>10.2f}{nbytes:>15,}")
+        (_, t0, b0), (_, t1, b1) = rows[0], rows[-1]
+        t_ratio, b_ratio = t1 / max(t0, 1e-9), b1 / max(b0, 1)
+        verdicts.append((name, t_ratio, b_ratio))
+    print(f"\nlate / early ratios ({points[-1]:,} vs {points[0]:,} examples):")
+    for name, t_ratio, b_ratio in verdicts:
+        flat = 0.67 <= t_ratio <= 1.5 and b_ratio == 1.0
+        tag = ("flat" if flat else "NOT flat") if name in ("delta_rule", "gated_delta_rule") else ""
+        print(f"  {name:<18} time x{t_ratio:6.2f}   bytes x{b_ratio:8.2f}   {tag}")
+    parametric = [v for v in verdicts if v[0] in ("delta_rule", "gated_delta_rule")]
+    if parametric:
+        ok = all(0.67 <= t <= 1.5 and b == 1.0 for _, t, b in parametric)
+        print(
+            "Parametric learners: state bytes constant and time per step flat (within 0.67-1.5x)."
+            if ok
+            else "Parametric learners: NOT flat (see ratios above; CPU contention can distort the time ratio)."
+        )
+
+
+if __name__ == "__main__":
+    main()
