@@ -1,5 +1,9 @@
 """Lightning callbacks that observe a run and log what they see."""
 
+from cl_lightning.callbacks.cost import CostMonitor
+from cl_lightning.callbacks.forgetting import ForgettingMonitor
+from cl_lightning.callbacks.hessian import HessianMonitor
+from cl_lightning.callbacks.plasticity import PlasticityMonitor
 from cl_lightning.callbacks.progress import TaskProgressBar
 
-__all__ = ["TaskProgressBar"]
+__all__ = ["CostMonitor", "ForgettingMonitor", "HessianMonitor", "PlasticityMonitor", "TaskProgressBar"]

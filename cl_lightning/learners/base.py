@@ -90,11 +90,23 @@ class ContinualLearner(LightningModule):
         empty = x[:0]
         return self.predict_episode(empty, torch.zeros(0, dtype=torch.long, device=x.device), x)
 
+    def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
+        """Further predictions of an episode, by qualifier, each logged beside :meth:`predict_episode`'s score.
+
+        A reading ``"live"`` of a metric logged as ``forward_acc`` is logged as ``forward_live_acc`` (``{m}`` in the
+        episode's log names becomes ``live_{m}``). Default: none.
+        """
+        return {}
+
     def _evaluate(self, batch: dict[str, Any], prefix: str) -> None:
-        pred = self.predict_episode(batch["context_x"], batch["context_y"], batch["query_x"])
-        value = self.score(pred, batch["query_y"])
-        for name in batch["log_names"]:
-            self.log(f"{prefix}/{name}".format(m=self.metric_name), value, add_dataloader_idx=False, batch_size=1)
+        args = batch["context_x"], batch["context_y"], batch["query_x"]
+        readings = {"{m}": self.predict_episode(*args)}
+        readings.update({f"{qualifier}_{{m}}": pred for qualifier, pred in self.extra_readings(*args).items()})
+        for metric, pred in readings.items():
+            value = self.score(pred, batch["query_y"])
+            for name in batch["log_names"]:
+                key = f"{prefix}/{name}".replace("{m}", metric).format(m=self.metric_name)
+                self.log(key, value, add_dataloader_idx=False, batch_size=1)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
         """Evaluate one episode (forward, backward or a probe task of the accuracy matrix)."""
@@ -110,5 +122,19 @@ class ContinualLearner(LightningModule):
         return self.optimizer_factory(params) if params else None
 
     def probe_layers(self) -> dict[str, nn.Module]:
-        """The modules plasticity callbacks watch (default: every ``nn.Linear``), by name."""
-        return {name: m for name, m in self.named_modules() if isinstance(m, nn.Linear)}
+        """The hidden layers plasticity callbacks watch, by name: modules whose output, after the callback's
+        activation (ReLU by default), is a hidden layer's features.
+
+        Default: every ``nn.Linear`` but the last one registered (the output layer). A learner whose layers run
+        without calling their modules (fused kernels) must override this, or forward hooks never fire.
+        """
+        linears = [(name, m) for name, m in self.named_modules() if isinstance(m, nn.Linear)]
+        return dict(linears[:-1])
+
+    def context_memory_bytes(self) -> int:
+        """Bytes of the learner's context memory (replay buffer, fast-weight state…): what grows with what it keeps.
+
+        Default: the bytes of every registered buffer (the package keeps all such state in buffers at final shape).
+        Learners whose memory is held otherwise override this.
+        """
+        return sum(b.numel() * b.element_size() for b in self.buffers())

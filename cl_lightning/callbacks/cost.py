@@ -1,0 +1,64 @@
+"""Memory and time cost of a learner, per task: context-memory bytes and seconds per training step (DESIGN §6).
+
+Parametric attention claims constant memory and per-example cost however long the stream runs; this callback
+measures both for every learner alike, so the claim is a logged curve, not an assertion.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class CostMonitor(Callback):
+    """Logs, once per task (at its end):
+
+    - ``memory/context_bytes``: ``pl_module.context_memory_bytes()`` (default: all registered buffers: replay
+      buffer, fast-weight state, counters; learners may override);
+    - ``memory/param_bytes``: bytes of the parameters;
+    - ``cost/step_seconds``: mean wall time per training step (chunk) of the task, from the first step's start to
+      the last step's end (data loading of later chunks included; the evaluation and other callbacks' hooks at
+      the task's start and end excluded); on CUDA one synchronisation at the task's last step makes it count the
+      queued kernels;
+    - ``cost/task_seconds``: that span for the whole task.
+
+    Cost knob: none needed (two clock reads per step and one log per task).
+    """
+
+    def __init__(self) -> None:
+        self._start: float | None = None
+        self._end = 0.0
+        self._steps = 0
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Reset the task's clock."""
+        self._start, self._steps = None, 0
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Start the clock at the task's first step."""
+        if self._start is None:
+            self._start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Count the step and stop the clock (synchronising CUDA once, at the task's last step)."""
+        if batch_idx == trainer.num_training_batches - 1 and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        self._steps += 1
+        self._end = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Log the task's memory and time per step."""
+        log = {
+            "memory/context_bytes": float(pl_module.context_memory_bytes()),
+            "memory/param_bytes": float(sum(p.numel() * p.element_size() for p in pl_module.parameters())),
+        }
+        if self._start is not None and self._steps:
+            seconds = self._end - self._start
+            log |= {"cost/step_seconds": seconds / self._steps, "cost/task_seconds": seconds}
+        for name, value in log.items():
+            pl_module.log(name, torch.tensor(value, dtype=torch.float64), on_step=False, on_epoch=True, batch_size=1)

@@ -1,0 +1,218 @@
+"""The accuracy matrix on the probe set and the transfer / forgetting metrics that follow from it, with pictures.
+
+The data module evaluates every probe task after each probe task and the learner logs the scores as
+``eval/{m}_matrix/task_j`` (``m`` = ``acc``, or ``mse`` for regression); this callback only collects them (nothing is
+evaluated twice), keeps ``R`` in its state (a resumed run restores it), and computes the metrics with the pure
+functions of :mod:`cl_lightning.metrics.forgetting` (definitions and how other libraries differ: there).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from matplotlib.figure import Figure
+
+from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode
+from cl_lightning.metrics import average_accuracy, backward_transfer, forgetting, forward_transfer, intransigence
+
+
+def accuracy_matrix_figure(
+    matrix: np.ndarray, probe_tasks: list[int], baseline: np.ndarray | None = None, metric: str = "acc"
+) -> Figure:
+    """Heatmap of ``R[i, j]`` (score on probe task j after training probe task i), NaN cells blank.
+
+    With ``baseline`` an extra top row ``init`` shows the learner's score at initialisation (b of FWT).
+    """
+    rows = [f"after {t}" for t in probe_tasks]
+    data = np.asarray(matrix, dtype=np.float64)
+    if baseline is not None:
+        data, rows = np.vstack([baseline[None], data]), ["init", *rows]
+    k = len(probe_tasks)
+    fig = Figure(figsize=(1.2 + 0.55 * k, 1.0 + 0.45 * len(rows)), dpi=100)
+    ax = fig.add_subplot()
+    im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis_r" if metric == "mse" else "viridis", aspect="auto")
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    ax.set_xticks(range(k), [str(t) for t in probe_tasks], rotation=90 if k > 12 else 0)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel("probe task j")
+    ax.set_title(f"{metric} matrix R[i, j]")
+    if k <= 12:
+        for (i, j), v in np.ndenumerate(data):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w")
+    fig.tight_layout()
+    return fig
+
+
+def transfer_curves_figure(
+    forward: np.ndarray, backward: np.ndarray, matrix: np.ndarray, probe_tasks: list[int], metric: str = "acc"
+) -> Figure:
+    """Left: forward (current task) and backward (past task) score after every task, the paper's two curves.
+    Right: each probe task's score over training (a column of ``R``), its own task marked by a dot.
+    """
+    fig = Figure(figsize=(11, 4), dpi=100)
+    left, right = fig.subplots(1, 2)
+    tasks = np.arange(forward.size)
+    left.plot(tasks, forward, label=f"forward (task t) {metric}")
+    left.plot(tasks, backward, label=f"backward (past task) {metric}")
+    left.set_xlabel("task t")
+    left.set_ylabel(metric)
+    left.set_title("after each task")
+    left.legend(loc="best", fontsize=8)
+    rows = np.asarray(probe_tasks)
+    for j, task in enumerate(probe_tasks):
+        col = matrix[:, j]
+        seen = ~np.isnan(col)
+        if seen.any():
+            (line,) = right.plot(rows[seen], col[seen], marker=".", label=f"task {task}")
+            if task in rows[seen]:
+                right.plot([task], [col[list(rows).index(task)]], "o", color=line.get_color())
+    right.set_xlabel("after training task")
+    right.set_title("probe tasks over training (columns of R)")
+    if len(probe_tasks) <= 12:
+        right.legend(loc="best", fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+class ForgettingMonitor(Callback):
+    """Fills the probe-set accuracy matrix ``R`` and logs ACC, BWT, FWT, forgetting and intransigence, with figures.
+
+    ``R[i, j]`` is the score on probe task ``j`` after training probe task ``i`` (``K × K`` for the data module's
+    ``K`` probe tasks; rows and columns are both the probe tasks, the metric functions' ``row_tasks`` /
+    ``col_tasks``). After each probe task the values the learner logged are read from ``trainer.callback_metrics``
+    in ``on_validation_epoch_end``, and on the rows filled so far it logs:
+
+    - ``forgetting/avg``: average score of the last row over tasks already trained (GEM's ACC);
+    - ``forgetting/bwt``: backward transfer (GEM);
+    - ``forgetting/fwt``: forward transfer (GEM), R[row before j, j] − b_j, where b_j is the learner's score on probe
+      task j **at initialisation**, measured once at fit start (GEM's and Avalanche's b; Mammoth instead takes the
+      score right before training task j, which is the R entry itself here). Probe task 0 has no row before it, so
+      it never counts;
+    - ``forgetting/forgetting``: Chaudhry et al. (2018) average forgetting (max over earlier rows minus last);
+    - ``forgetting/intransigence``: Chaudhry et al.'s a*_j − R[row(j), j], averaged over the probe tasks; a* is
+      ``reference`` (the score of a jointly trained model, when one was run) or, by default, the ideal score
+      (1 for accuracy, 0 for MSE), which makes it the shortfall from perfect just after learning each task.
+
+    With MSE (regression) every difference is signed so that positive BWT/FWT mean improvement and positive
+    forgetting/intransigence mean harm (``lower_is_better``). Figures (TensorBoard, on each new row, so at most
+    ``K`` times): ``forgetting/{m}_matrix`` (heatmap of R with the init row) and ``forgetting/curves`` (forward
+    and backward score after every task, and each probe task's column of R over training). It also keeps the
+    per-task ``eval/forward_{m}`` and ``eval/backward_{m}`` for the curves.
+
+    Cost knob: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this
+    callback runs) and ``plot``; everything else reads numbers already logged.
+
+    Args:
+        measure_baseline: Score the freshly initialised learner on every probe task at fit start (b of FWT). When a
+            run resumes from a checkpoint without this callback's state, b stays unknown and FWT is not logged.
+        reference: Intransigence reference a* on every probe task (one number for all); None: the ideal score.
+        plot: Log the heatmap and curve figures to the loggers that take figures (TensorBoard).
+    """
+
+    def __init__(self, measure_baseline: bool = True, reference: float | None = None, plot: bool = True) -> None:
+        self.measure_baseline, self.reference, self.plot = measure_baseline, reference, plot
+        self.probe_tasks: list[int] = []
+        self.matrix = torch.empty(0, 0, dtype=torch.float64)  # (K, K) R, NaN where not measured
+        self.baseline = torch.empty(0, dtype=torch.float64)  # (K,) b: score at initialisation
+        self.forward = torch.empty(0, dtype=torch.float64)  # (T,) eval/forward_{m} after each task
+        self.backward = torch.empty(0, dtype=torch.float64)  # (T,) eval/backward_{m} after each task
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Allocate ``R`` (K × K) and the per-task curves at their final shapes, NaN-filled."""
+        if stage != "fit":
+            return
+        dm = trainer.datamodule
+        self.probe_tasks = list(dm.probe_tasks)
+        k, t = len(self.probe_tasks), dm.num_tasks
+        self.matrix = torch.full((k, k), math.nan, dtype=torch.float64)
+        self.baseline = torch.full((k,), math.nan, dtype=torch.float64)
+        self.forward = torch.full((t,), math.nan, dtype=torch.float64)
+        self.backward = torch.full((t,), math.nan, dtype=torch.float64)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``R``, b, the forward/backward curves and the probe tasks they belong to."""
+        return {
+            "probe_tasks": list(self.probe_tasks),
+            "matrix": self.matrix.clone(),
+            "baseline": self.baseline.clone(),
+            "forward": self.forward.clone(),
+            "backward": self.backward.clone(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the state saved by :meth:`state_dict` (the probe set must be the same)."""
+        if self.probe_tasks and list(state_dict["probe_tasks"]) != self.probe_tasks:
+            raise ValueError(
+                f"checkpoint's probe tasks {state_dict['probe_tasks']} differ from this run's {self.probe_tasks}"
+            )
+        self.probe_tasks = list(state_dict["probe_tasks"])
+        for name in ("matrix", "baseline", "forward", "backward"):
+            setattr(self, name, state_dict[name].clone().to(torch.float64))
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Score the learner at initialisation on every probe task (once; not on resume)."""
+        if not self.measure_baseline or trainer.ckpt_path is not None or not self.probe_tasks:
+            return
+        if not bool(self.baseline.isnan().all()):
+            return
+        dm = trainer.datamodule
+        with evaluation_mode(pl_module):
+            for j, task in enumerate(self.probe_tasks):
+                cx, cy, qx, qy = probe_episode(trainer, pl_module, task, dm.eval_queries)
+                self.baseline[j] = float(pl_module.score(pl_module.predict_episode(cx, cy, qx), qy))
+
+    def metrics(self, rows: int, lower_is_better: bool) -> dict[str, float]:
+        """The transfer and forgetting metrics on the first ``rows`` rows of ``R``."""
+        r, tasks = self.matrix[:rows].numpy(), self.probe_tasks
+        row_tasks, ideal = tasks[:rows], 0.0 if lower_is_better else 1.0
+        ref = np.full(len(tasks), ideal if self.reference is None else self.reference)
+        out = {
+            "forgetting/avg": average_accuracy(r, row_tasks, tasks),
+            "forgetting/bwt": backward_transfer(r, row_tasks, tasks, lower_is_better),
+            "forgetting/forgetting": forgetting(r, row_tasks, tasks, lower_is_better),
+            "forgetting/intransigence": intransigence(r, ref, row_tasks, tasks, lower_is_better),
+        }
+        if not bool(self.baseline.isnan().any()):
+            out["forgetting/fwt"] = forward_transfer(r, self.baseline.numpy(), row_tasks, tasks, lower_is_better)
+        return out
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Collect this task's forward/backward scores and, after a probe task, its row of ``R``; log."""
+        if trainer.sanity_checking or not self.forward.numel():
+            return
+        task, m, logged = trainer.current_epoch, pl_module.metric_name, trainer.callback_metrics
+        for curve, name in ((self.forward, f"eval/forward_{m}"), (self.backward, f"eval/backward_{m}")):
+            if name in logged and task < curve.numel():
+                curve[task] = float(logged[name])
+        if task not in self.probe_tasks:
+            return
+        row = self.probe_tasks.index(task)
+        for j, probe in enumerate(self.probe_tasks):
+            value = logged.get(f"eval/{m}_matrix/task_{probe}")
+            self.matrix[row, j] = math.nan if value is None else float(value)
+        for name, value in self.metrics(row + 1, pl_module.task_type == "regression").items():
+            if not math.isnan(value):
+                pl_module.log(name, torch.tensor(value, dtype=torch.float32), batch_size=1)
+        if self.plot and trainer.is_global_zero:
+            self._plot(trainer, m)
+
+    def _plot(self, trainer: Trainer, metric: str) -> None:
+        loggers = [lg for lg in trainer.loggers if hasattr(lg.experiment, "add_figure")]
+        if not loggers:
+            return
+        figures = {
+            f"forgetting/{metric}_matrix": accuracy_matrix_figure(
+                self.matrix.numpy(), self.probe_tasks, self.baseline.numpy(), metric
+            ),
+            "forgetting/curves": transfer_curves_figure(
+                self.forward.numpy(), self.backward.numpy(), self.matrix.numpy(), self.probe_tasks, metric
+            ),
+        }
+        for logger in loggers:
+            for tag, fig in figures.items():
+                logger.experiment.add_figure(tag, fig, global_step=trainer.global_step, close=False)

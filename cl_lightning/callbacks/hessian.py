@@ -1,0 +1,187 @@
+"""Hessian effective rank of the learner's loss on held-out queries of the current task (qoa-paper.md §8).
+
+The loss is the learner's own on an evaluation episode, ``pl_module.loss(pl_module.predict_episode(context_x,
+context_y, query_x), query_y)``, so a support-set learner is measured with its support set as the paper does, and
+it is differentiated with respect to a flat parameter block through ``torch.func.functional_call`` on a thin
+wrapper module (:func:`cl_lightning.metrics.flat_loss`): nothing touches ``.grad``, the optimiser or the weights.
+
+Two methods (``method``):
+
+- ``"exact"`` (default; the paper): the dense Hessian of one block, by default the last ``nn.Linear`` (weight and
+  bias, as the paper's fc11 of QOA and output layer of BP), from vmapped forward-over-reverse HVPs on the identity
+  columns (``torch.func.jvp`` of ``torch.func.grad``), eigenvalues by float64 ``eigvalsh``. P up to a few thousand.
+- ``"lanczos"``: the whole network (any P): the top eigenvalues by SciPy's ``eigsh`` (ARPACK implicitly restarted
+  Lanczos on a ``LinearOperator`` of HVPs) and the effective rank and trace by stochastic Lanczos quadrature
+  (:mod:`cl_lightning.metrics.slq`, hand-written: SLQ needs only short seeded Lanczos runs, and
+  ``curvlinops-for-pytorch`` would add a dependency with its own parameter conventions for one estimator).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode
+from cl_lightning.metrics import (
+    exact_eigvals,
+    flat_loss,
+    hessian_effective_rank,
+    hessian_srank,
+    lanczos_eigvals,
+    make_hvp,
+    slq_effective_rank,
+    slq_spectral_density,
+)
+
+
+class _Episode(nn.Module):
+    """``forward((context_x, context_y, query_x)) = learner.predict_episode(...)``: lets ``functional_call`` swap the
+    learner's parameters (prefixed ``learner.``) while the learner answers an episode.
+    """
+
+    def __init__(self, learner: LightningModule) -> None:
+        super().__init__()
+        self.learner = learner
+
+    def forward(self, episode: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """Predictions for the episode's queries."""
+        return self.learner.predict_episode(*episode)
+
+
+def last_linear_block(module: nn.Module) -> list[str]:
+    """Parameter names of the last ``nn.Linear`` registered in ``module`` (its output layer, as the paper)."""
+    linears = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
+    if not linears:
+        return []
+    prefix = f"{linears[-1]}." if linears[-1] else ""
+    return [name for name, _ in module.named_parameters() if name.startswith(prefix) and "." not in name[len(prefix) :]]
+
+
+class HessianMonitor(Callback):
+    """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task.
+
+    After task ``t``'s training portion (``t % every_n_tasks == 0``; the authors' code measures in the test phase at
+    the end of each task, the paper says "start", i.e. before the next one), in eval mode, on the first
+    ``num_queries`` held-out queries of task ``t`` with the episode's context. Logged:
+
+    - ``hessian/eff_rank``: entropy effective rank exp(−Σ p ln p), p ∝ max(λ + jitter, clamp) (the QOA code:
+      H + 1e-6·I, eigenvalues clamped at 1e-12, negative curvature discarded); ``clamp=None`` uses |λ + jitter|.
+      with ``"lanczos"`` the SLQ estimate of the same quantity for the whole network;
+    - ``hessian/srank``: Kumar's srank_δ on |λ| (exact only);
+    - ``hessian/top_eigval``: the eigenvalue of largest magnitude; ``hessian/trace``: tr H (SLQ estimate with
+      ``"lanczos"``); ``hessian/num_params``: P.
+
+    With ``"lanczos"`` the names are ``hessian/lanczos/{eff_rank,top_eigval,trace,num_params}``, so one monitor of
+    each method can run side by side (the exact last layer and the whole network).
+
+    The paper min–max scales each run's rank series over tasks for its plots; the logged values are raw.
+
+    A learner without a differentiable block (kNN) or whose ``predict_episode`` ``torch.func`` cannot transform gets
+    one warning and no ``hessian/*`` scalars, rather than a failed run.
+
+    Cost knobs: ``every_n_tasks`` and ``num_queries``. Exact: one vmapped HVP per ``chunk_size`` columns of a
+    P-parameter block, about one forward pass of the episode when the block is the last layer (only that layer is
+    differentiated), plus an O(P³) ``eigvalsh``. Lanczos: ``num_probes × num_steps`` whole-network HVPs (each about
+    three forward passes) for SLQ plus a few times ``top_k`` for ``eigsh``.
+
+    Args:
+        method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).
+        every_n_tasks: Measure after every n-th task (task 0 included).
+        num_queries: Held-out queries of the current task in the loss (paper: 100 for QOA, 2,000 for BP).
+        parameters: Names (``named_parameters``) of the block; None: the last ``nn.Linear`` for ``"exact"``, every
+            trainable parameter for ``"lanczos"``.
+        jitter: Added to every eigenvalue before the entropy (paper code: 1e-6).
+        clamp: Lower bound of the shifted eigenvalues (paper code: 1e-12); None: their absolute value.
+        srank_delta: δ of srank on |λ|.
+        chunk_size: HVP columns vmapped together by the exact method (memory knob).
+        top_k: Eigenvalues ``eigsh`` finds (``"lanczos"``); the largest is logged.
+        tol: ``eigsh`` relative accuracy (``"lanczos"``; 0: machine precision, more HVPs).
+        num_probes: SLQ Rademacher probes (``"lanczos"``).
+        num_steps: Lanczos steps per SLQ probe (``"lanczos"``).
+        seed: Seed of the Lanczos start vector and the SLQ probes (fixed, so curves are comparable over tasks).
+    """
+
+    def __init__(
+        self,
+        method: Literal["exact", "lanczos"] = "exact",
+        every_n_tasks: int = 10,
+        num_queries: int = 100,
+        parameters: list[str] | None = None,
+        jitter: float = 1e-6,
+        clamp: float | None = 1e-12,
+        srank_delta: float = 0.01,
+        chunk_size: int | None = 256,
+        top_k: int = 1,
+        tol: float = 1e-4,
+        num_probes: int = 8,
+        num_steps: int = 32,
+        seed: int = 0,
+    ) -> None:
+        if every_n_tasks < 1 or num_queries < 1 or top_k < 1:
+            raise ValueError("every_n_tasks, num_queries and top_k must be positive")
+        self.method, self.every_n_tasks, self.num_queries = method, every_n_tasks, num_queries
+        self.parameters = parameters
+        self.jitter, self.clamp, self.srank_delta, self.chunk_size = jitter, clamp, srank_delta, chunk_size
+        self._skip = False
+        self.tol, self.top_k, self.num_probes, self.num_steps, self.seed = tol, top_k, num_probes, num_steps, seed
+
+    def block(self, pl_module: LightningModule) -> list[str]:
+        """The parameter names differentiated."""
+        if self.parameters is not None:
+            return list(self.parameters)
+        if self.method == "exact":
+            return last_linear_block(pl_module)
+        return [name for name, p in pl_module.named_parameters() if p.requires_grad]
+
+    def measure(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+        """The Hessian scalars on one episode, by logged name."""
+        cx, cy, qx, qy = episode
+        names = [f"learner.{n}" for n in self.block(pl_module)]
+        with evaluation_mode(pl_module), torch.enable_grad():
+            loss_fn, theta = flat_loss(_Episode(pl_module), pl_module.loss, (cx, cy, qx), qy, names)
+            hvp, n = make_hvp(loss_fn, theta), theta.numel()
+            if self.method == "exact":
+                eig = exact_eigvals(hvp, n, chunk_size=self.chunk_size)
+                if not bool(eig.any()):  # the jitter alone would give erank = P: a wrong number, not a small one
+                    raise RuntimeError("the Hessian is exactly zero: predict_episode does not use the block's tensors")
+                return {
+                    "hessian/eff_rank": hessian_effective_rank(eig, self.jitter, self.clamp),
+                    "hessian/srank": hessian_srank(eig, self.srank_delta).to(torch.float64),
+                    "hessian/top_eigval": eig[0],
+                    "hessian/trace": eig.sum(),
+                    "hessian/num_params": torch.tensor(float(n)),
+                }
+            top = lanczos_eigvals(hvp, n, k=min(self.top_k, n - 1), tol=self.tol, seed=self.seed)
+            nodes, weights = slq_spectral_density(hvp, n, self.num_probes, self.num_steps, self.seed)
+        return {
+            "hessian/lanczos/eff_rank": slq_effective_rank(nodes, weights, n, self.jitter, self.clamp),
+            "hessian/lanczos/top_eigval": top[0],
+            "hessian/lanczos/trace": n * (weights * nodes).sum(),
+            "hessian/lanczos/num_params": torch.tensor(float(n)),
+        }
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """After every n-th task: measure on the current task's held-out queries and log."""
+        task = trainer.current_epoch
+        if task % self.every_n_tasks or self._skip:
+            return
+        if not self.block(pl_module):
+            self._give_up("the learner has no parameter block to differentiate (no nn.Linear / parameters)")
+            return
+        episode = probe_episode(trainer, pl_module, task, self.num_queries)
+        try:
+            values = self.measure(pl_module, episode)
+        except RuntimeError as err:  # e.g. a predict_episode that torch.func cannot transform
+            self._give_up(f"torch.func could not differentiate predict_episode ({err})")
+            return
+        for name, value in values.items():
+            pl_module.log(name, value.float(), on_step=False, on_epoch=True, batch_size=1)
+
+    def _give_up(self, why: str) -> None:
+        """Warn once and stop measuring: a metric must not end a long run."""
+        self._skip = True
+        rank_zero_warn(f"HessianMonitor switched off for this run: {why}")

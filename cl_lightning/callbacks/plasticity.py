@@ -1,0 +1,164 @@
+"""Plasticity of the representation: dead and dormant units, weight magnitude, feature effective rank and srank.
+
+The loss-of-plasticity measures of Dohare et al. (Nature 2024; ``plasticity-and-baselines.md`` §6–7), taken on a
+fixed probe batch of the *current* task at the start of the task, before training on it (LoP's timing: the first
+inputs of the new permutation). Online accuracy averaged per task, the fourth plasticity measure, is logged by the
+learners themselves (``train/online_acc``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, Literal
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
+
+from cl_lightning.metrics import (
+    dead_unit_fraction,
+    dormant_unit_fraction,
+    entropy_effective_rank,
+    srank,
+    weight_magnitude,
+)
+
+
+@contextmanager
+def evaluation_mode(module: nn.Module) -> Iterator[None]:
+    """Run a block in eval mode without gradients, then give every submodule back its own previous mode."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def probe_episode(trainer: Trainer, pl_module: LightningModule, task: int, num_queries: int | None) -> list[Tensor]:
+    """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode, on the learner's device.
+
+    The context is the data module's (the first ``context_size`` training examples of the task, what a support-set
+    learner answers from); the queries are the first ``num_queries`` held-out ones, never trained on.
+    """
+    dm = trainer.datamodule
+    episode = dm.stream.episode(task, dm.context_size, num_queries)
+    return [t.to(pl_module.device) for t in episode]
+
+
+def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
+    """Features as (rows, units): (…, D) → (N, D); a convolution's (N, C, *spatial) → (N·positions, C)."""
+    if isinstance(module, nn.modules.conv._ConvNd):
+        out = out.movedim(1, -1)
+    return out.reshape(-1, out.shape[-1])
+
+
+class PlasticityMonitor(Callback):
+    """Dead / dormant units, weight magnitude and feature ranks of each probed hidden layer, every n tasks.
+
+    At the start of task ``t`` (``t % every_n_tasks == 0``), before any training on it, the learner answers the
+    first ``probe_size`` held-out queries of task ``t`` with ``predict_episode`` (its context = the task's episode
+    context), in eval mode without gradients (the previous modes are restored). Forward hooks on
+    ``pl_module.probe_layers()`` record each layer's output for that one pass only; the hooks are removed
+    afterwards and nothing is stored on the module. Features are ``activation(output)``: the package's nets apply
+    ReLU after their hidden ``nn.Linear`` layers functionally, so the Linear outputs are pre-activations.
+
+    Logged (``<layer>`` = the module's name; rows = inputs, or query–support pairs for a pair scorer):
+
+    - ``plasticity/dead_frac/<layer>``: units exactly zero on every probe row (LoP Permuted MNIST);
+      ``plasticity/dead_frac``: the same over all probed units;
+    - ``plasticity/dormant_frac/<layer>``, ``plasticity/dormant_frac``: τ-dormant units (Sokar et al. 2023);
+    - ``plasticity/eff_rank/<layer>``: Roy–Vetterli entropy effective rank of the (rows × units) feature matrix;
+    - ``plasticity/srank/<layer>``: Kumar et al.'s srank_δ on unsquared singular values (LoP's
+      ``abs_approximate_rank``);
+    - ``plasticity/weight_magnitude``: mean |w| over every parameter with ≥ 2 dims (weight matrices and kernels,
+      biases excluded: LoP's Permuted-MNIST form).
+
+    Cost knob: ``every_n_tasks`` (one forward pass of ``probe_size`` queries plus one SVD of at most
+    ``max_rows × units`` per layer per measurement; about one evaluation episode's cost).
+
+    Args:
+        every_n_tasks: Measure at the start of every n-th task (task 0 included).
+        probe_size: Held-out queries of the current task in the probe batch (LoP: 2,000 inputs).
+        max_rows: Rows kept per layer (a pair scorer sees queries × supports rows); evenly strided beyond it.
+        dormant_tau: Sokar's dormancy threshold τ on the normalised mean activation.
+        srank_delta: δ of srank (Kumar et al.: 0.01).
+        activation: Applied to each hooked output before measuring (``"relu"`` or ``"identity"``).
+    """
+
+    def __init__(
+        self,
+        every_n_tasks: int = 1,
+        probe_size: int = 2000,
+        max_rows: int = 4096,
+        dormant_tau: float = 0.01,
+        srank_delta: float = 0.01,
+        activation: Literal["relu", "identity"] = "relu",
+    ) -> None:
+        if every_n_tasks < 1 or probe_size < 1 or max_rows < 1:
+            raise ValueError("every_n_tasks, probe_size and max_rows must be positive")
+        self.every_n_tasks, self.probe_size, self.max_rows = every_n_tasks, probe_size, max_rows
+        self.dormant_tau, self.srank_delta, self.activation = dormant_tau, srank_delta, activation
+        self._warned = False
+
+    def features(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+        """Each probed layer's features on one ``predict_episode`` pass: ``{name: (rows, units)}``."""
+        captured: dict[str, list[Tensor]] = {}
+
+        def hook(name: str) -> Callable[[nn.Module, Any, Tensor], None]:
+            def record(module: nn.Module, args: Any, out: Tensor) -> None:
+                if isinstance(out, Tensor):
+                    captured.setdefault(name, []).append(_as_rows(module, out.detach()))
+
+            return record
+
+        handles = [m.register_forward_hook(hook(name)) for name, m in pl_module.probe_layers().items()]
+        try:
+            with evaluation_mode(pl_module):
+                pl_module.predict_episode(*episode[:3])
+        finally:
+            for h in handles:
+                h.remove()
+        feats = {}
+        for name, parts in captured.items():
+            rows = torch.cat(parts)
+            if rows.shape[0] > self.max_rows:  # evenly strided rows: a pair scorer's rows run query by query
+                rows = rows[torch.linspace(0, rows.shape[0] - 1, self.max_rows, device=rows.device).long()]
+            feats[name] = rows.relu() if self.activation == "relu" else rows
+        return feats
+
+    def measure(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+        """All plasticity scalars of one probe pass, by logged name."""
+        out: dict[str, Tensor] = {}
+        weights = [p for p in pl_module.parameters() if p.ndim >= 2]
+        if weights:
+            out["plasticity/weight_magnitude"] = weight_magnitude(weights)
+        feats = self.features(pl_module, episode)
+        if not feats:
+            if pl_module.probe_layers() and not self._warned:
+                self._warned = True
+                rank_zero_warn(f"{type(self).__name__}: no probe layer ran; override probe_layers() in the learner")
+            return out
+        dead = dormant = units = 0.0
+        for name, acts in feats.items():
+            d, z = dead_unit_fraction(acts), dormant_unit_fraction(acts, self.dormant_tau)
+            sv = torch.linalg.svdvals(acts.to(torch.float64))
+            out[f"plasticity/dead_frac/{name}"], out[f"plasticity/dormant_frac/{name}"] = d, z
+            out[f"plasticity/eff_rank/{name}"] = entropy_effective_rank(sv)  # Roy–Vetterli on the same σ
+            out[f"plasticity/srank/{name}"] = srank(sv, self.srank_delta).to(torch.float64)
+            dead, dormant, units = dead + d * acts.shape[1], dormant + z * acts.shape[1], units + acts.shape[1]
+        out["plasticity/dead_frac"], out["plasticity/dormant_frac"] = dead / units, dormant / units
+        return out
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the start of every n-th task: probe the current task and log."""
+        task = trainer.current_epoch
+        if task % self.every_n_tasks:
+            return
+        episode = probe_episode(trainer, pl_module, task, self.probe_size)
+        for name, value in self.measure(pl_module, episode).items():
+            pl_module.log(name, value.float(), on_step=False, on_epoch=True, batch_size=1)

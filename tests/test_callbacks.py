@@ -1,0 +1,216 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import BACKPROP, QOA, fit, tiny_args
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cl_lightning.callbacks import ForgettingMonitor, HessianMonitor, PlasticityMonitor
+from cl_lightning.learners import Backprop, QueryOnlyAttention
+from cl_lightning.metrics import (
+    average_accuracy,
+    backward_transfer,
+    effective_rank,
+    forgetting,
+    forward_transfer,
+    hessian_effective_rank,
+    srank,
+)
+
+# every monitor at every task, the Lanczos/SLQ path kept small
+ALL_MONITORS = [
+    "--trainer.callbacks+=cl_lightning.callbacks.ForgettingMonitor",
+    "--trainer.callbacks+=cl_lightning.callbacks.PlasticityMonitor",
+    "--trainer.callbacks.probe_size=32",
+    "--trainer.callbacks+=cl_lightning.callbacks.HessianMonitor",
+    "--trainer.callbacks.every_n_tasks=1",
+    "--trainer.callbacks+=cl_lightning.callbacks.HessianMonitor",
+    "--trainer.callbacks.method=lanczos",
+    "--trainer.callbacks.every_n_tasks=2",
+    "--trainer.callbacks.tol=0.01",
+    "--trainer.callbacks.num_probes=1",
+    "--trainer.callbacks.num_steps=4",
+    "--trainer.callbacks+=cl_lightning.callbacks.CostMonitor",
+]
+CHECKPOINT_EVERY_TASK = [
+    "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+    "--trainer.callbacks.save_top_k=-1",
+    "--trainer.callbacks.every_n_epochs=1",
+    "--trainer.callbacks.filename=task{epoch}",
+]
+
+
+def _optimizer_tensors(cli) -> dict[str, torch.Tensor]:
+    state = cli.trainer.optimizers[0].state_dict()["state"]
+    return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.fixture(scope="module")
+def monitored(tmp_path_factory: pytest.TempPathFactory):
+    """One 3-task Backprop fit with every monitor on and a checkpoint after each task."""
+    root = tmp_path_factory.mktemp("monitored")
+    return fit(
+        root, BACKPROP, extra=[*ALL_MONITORS, *CHECKPOINT_EVERY_TASK, f"--trainer.callbacks.dirpath={root}/ckpt"]
+    )
+
+
+def _monitor(cli, cls: type):
+    return next(c for c in cli.trainer.callbacks if isinstance(c, cls))
+
+
+def _events(cli) -> EventAccumulator:
+    acc = EventAccumulator(cli.trainer.logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    acc.Reload()
+    return acc
+
+
+@pytest.mark.parametrize("learner", ["backprop", pytest.param("qoa", marks=pytest.mark.slow)])
+def test_monitors_leave_model_buffers_and_optimizer_bit_identical(tmp_path: Path, learner: str, monitored) -> None:
+    args = {"backprop": BACKPROP, "qoa": QOA}[learner]
+    plain = fit(tmp_path / "plain", args)
+    watched = monitored if learner == "backprop" else fit(tmp_path / "watched", args, extra=ALL_MONITORS)
+    a, b = plain.model.state_dict(), watched.model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    oa, ob = _optimizer_tensors(plain), _optimizer_tensors(watched)
+    assert oa.keys() == ob.keys()
+    assert oa
+    for k in oa:
+        assert torch.equal(oa[k], ob[k]), k
+    assert watched.model.training  # modes restored after every probe
+    assert all(not m._forward_hooks for m in watched.model.modules())  # hooks removed
+    metrics = watched.trainer.callback_metrics
+    for name in ("forgetting/avg", "hessian/eff_rank", "hessian/lanczos/eff_rank", "memory/context_bytes"):
+        assert torch.isfinite(metrics[name]), name
+
+
+def test_logged_transfer_metrics_equal_the_functions_on_the_logged_matrix(monitored) -> None:
+    events = _events(monitored)
+    probes = [0, 1, 2]
+    rows = np.array([[e.value for e in events.Scalars(f"eval/acc_matrix/task_{j}")] for j in probes]).T  # (3, 3)
+    monitor = _monitor(monitored, ForgettingMonitor)
+    np.testing.assert_allclose(monitor.matrix.numpy(), rows, rtol=1e-6)  # R is what the learner logged
+
+    def last(tag: str) -> float:
+        return events.Scalars(tag)[-1].value
+
+    assert last("forgetting/avg") == pytest.approx(average_accuracy(rows), rel=1e-6)
+    assert last("forgetting/bwt") == pytest.approx(backward_transfer(rows), rel=1e-6, abs=1e-7)
+    assert last("forgetting/forgetting") == pytest.approx(forgetting(rows), rel=1e-6, abs=1e-7)
+    b = monitor.baseline.numpy()
+    assert not np.isnan(b).any()
+    assert last("forgetting/fwt") == pytest.approx(forward_transfer(rows, b), rel=1e-6, abs=1e-7)
+    assert last("forgetting/intransigence") == pytest.approx(float(np.mean(1 - np.diag(rows))), rel=1e-6, abs=1e-7)
+    # one heatmap and one curve figure per probe row, in the TensorBoard event file
+    images = events.Tags()["images"]
+    assert {"forgetting/acc_matrix", "forgetting/curves"} <= set(images)
+    assert len(events.Images("forgetting/acc_matrix")) == 3
+    forward = np.array([e.value for e in events.Scalars("eval/forward_acc")])
+    np.testing.assert_allclose(monitor.forward.numpy(), forward, rtol=1e-6)
+
+
+def test_resumed_run_restores_the_accuracy_matrix(tmp_path: Path, monitored) -> None:
+    ckpt = Path(monitored.trainer.checkpoint_callback.dirpath) / "taskepoch=0.ckpt"
+    from cl_lightning.cli import main
+
+    resumed = main(
+        tiny_args(tmp_path, BACKPROP, extra=["--trainer.callbacks+=cl_lightning.callbacks.ForgettingMonitor"]),
+        run=False,
+    )
+    resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=str(ckpt))
+    straight, again = _monitor(monitored, ForgettingMonitor), _monitor(resumed, ForgettingMonitor)
+    # row 0 was measured before the checkpoint: only a restored state can hold it
+    assert not math.isnan(again.matrix[0, 0])
+    for name in ("matrix", "baseline", "forward", "backward"):
+        torch.testing.assert_close(getattr(again, name), getattr(straight, name), equal_nan=True, rtol=0, atol=0)
+
+
+class _Trainer:  # what the monitors read from a Trainer outside a fit
+    def __init__(self, datamodule) -> None:
+        self.datamodule, self.current_epoch = datamodule, 0
+
+
+def test_plasticity_numbers_equal_the_metrics_on_relu_features() -> None:
+    torch.manual_seed(0)
+    model = Backprop(input_shape=(6,), num_outputs=3, hidden_sizes=[8, 5])
+    first = model.net.layers[0]
+    with torch.no_grad():  # units 0 and 1 of the first layer can never fire: dead
+        first.weight[:2] = 0.0
+        first.bias[:2] = -1.0
+    qx = torch.randn(40, 6)
+    out = PlasticityMonitor(dormant_tau=0.1).measure(model, [qx[:0], torch.zeros(0, dtype=torch.long), qx, None])
+    h0 = first(qx).relu()
+    h1 = model.net.layers[1](h0).relu()
+    assert set(model.probe_layers()) == {"net.layers.0", "net.layers.1"}  # the output layer is not probed
+    assert out["plasticity/dead_frac/net.layers.0"].item() == pytest.approx(2 / 8)
+    dead = [(h.abs().sum(0) == 0).sum().item() for h in (h0, h1)]
+    assert out["plasticity/dead_frac"].item() == pytest.approx(sum(dead) / 13)
+    for name, h in (("net.layers.0", h0), ("net.layers.1", h1)):
+        sv = np.linalg.svd(h.detach().double().numpy(), compute_uv=False)
+        p = sv / sv.sum()
+        p = p[p > 0]
+        assert out[f"plasticity/eff_rank/{name}"].item() == pytest.approx(math.exp(-(p * np.log(p)).sum()), rel=1e-9)
+        assert out[f"plasticity/eff_rank/{name}"].item() == pytest.approx(effective_rank(h.detach()).item())
+        assert out[f"plasticity/srank/{name}"].item() == srank(torch.from_numpy(sv)).item()
+    weights = torch.cat([layer.weight.detach().flatten() for layer in model.net.layers])
+    assert out["plasticity/weight_magnitude"].item() == pytest.approx(weights.abs().double().mean().item())
+    assert model.training
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+def _row_by_row_hessian(loss: torch.Tensor, params: list[torch.Tensor]) -> np.ndarray:
+    """The authors' way: double back-propagation, one Hessian row per parameter."""
+    g = torch.cat([x.flatten() for x in torch.autograd.grad(loss, params, create_graph=True)])
+    rows = [
+        torch.cat([r.flatten() for r in torch.autograd.grad(g[i], params, retain_graph=True)]) for i in range(g.numel())
+    ]
+    return torch.stack(rows).double().numpy()
+
+
+def test_exact_hessian_of_qoa_last_layer_on_the_episode_equals_double_backprop() -> None:
+    torch.manual_seed(0)
+    model = QueryOnlyAttention(
+        input_shape=(5,), num_outputs=3, memory_size=40, support_size=12, hidden=8, num_hidden_layers=2
+    ).double()
+    cx, cy = torch.randn(12, 5, dtype=torch.float64), torch.randint(0, 3, (12,))
+    qx, qy = torch.randn(7, 5, dtype=torch.float64), torch.randint(0, 3, (7,))
+    monitor = HessianMonitor(clamp=None, jitter=0.0)
+    assert monitor.block(model) == ["scorer.out.weight", "scorer.out.bias"]  # the paper's fc11
+    out = monitor.measure(model, [cx, cy, qx, qy])
+    params = [model.scorer.out.weight, model.scorer.out.bias]
+    h = _row_by_row_hessian(model.loss(model.predict_episode(cx, cy, qx), qy), params)
+    eig = np.linalg.eigvalsh((h + h.T) / 2)
+    assert out["hessian/num_params"].item() == 9
+    assert out["hessian/trace"].item() == pytest.approx(eig.sum(), rel=1e-9)
+    assert out["hessian/top_eigval"].item() == pytest.approx(eig[np.abs(eig).argmax()], rel=1e-9)
+    expected = hessian_effective_rank(torch.from_numpy(eig), jitter=0.0, clamp=None).item()
+    assert out["hessian/eff_rank"].item() == pytest.approx(expected, rel=1e-9)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_lanczos_top_eigenvalue_equals_the_exact_one_on_the_whole_network() -> None:
+    torch.manual_seed(0)
+    model = Backprop(input_shape=(4,), num_outputs=3, hidden_sizes=[6]).double()
+    qx, qy = torch.randn(30, 4, dtype=torch.float64), torch.randint(0, 3, (30,))
+    names = [n for n, _ in model.named_parameters()]
+    episode = [qx[:0], qy[:0], qx, qy]
+    exact = HessianMonitor(parameters=names).measure(model, episode)
+    lanczos = HessianMonitor(method="lanczos", tol=0.0, num_probes=1, num_steps=4).measure(model, episode)
+    assert lanczos["hessian/lanczos/num_params"].item() == exact["hessian/num_params"].item() == 51
+    assert lanczos["hessian/lanczos/top_eigval"].item() == pytest.approx(exact["hessian/top_eigval"].item(), rel=1e-6)
+
+
+def test_cost_monitor_logs_the_buffers_bytes_and_the_step_time(tmp_path: Path) -> None:
+    cli = fit(tmp_path, QOA, tasks=1, extra=["--trainer.callbacks+=cl_lightning.callbacks.CostMonitor"])
+    model, metrics = cli.model, cli.trainer.callback_metrics
+    buffer = sum(b.numel() * b.element_size() for b in model.buffer.buffers())
+    assert model.context_memory_bytes() == buffer + 8  # the replay buffer + the learner's step counter
+    assert metrics["memory/context_bytes"].item() == model.context_memory_bytes()
+    assert metrics["memory/param_bytes"].item() == 4 * sum(p.numel() for p in model.parameters())
+    steps = cli.datamodule.stream.num_chunks
+    assert 0 < metrics["cost/step_seconds"].item() * steps == pytest.approx(metrics["cost/task_seconds"].item())
