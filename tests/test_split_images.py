@@ -177,7 +177,18 @@ def test_too_large_a_task_names_the_argument(tiny_root: Path) -> None:
         _stream(tiny_root, train_size=11)
 
 
-@pytest.mark.parametrize("config", ["bp_split_tiny_imagenet", "qoa_split_tiny_imagenet"])
+@pytest.mark.parametrize(
+    "config",
+    [
+        "bp_split_tiny_imagenet",
+        "qoa_split_tiny_imagenet",
+        "cbp_split_tiny_imagenet",
+        "ewc_split_tiny_imagenet",
+        "knn_split_tiny_imagenet",
+        "full_attention_split_tiny_imagenet",
+        "maml_replay_split_tiny_imagenet",
+    ],
+)
 def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, config: str) -> None:
     from cl_lightning.cli import main
 
@@ -185,6 +196,18 @@ def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, co
         "bp_split_tiny_imagenet": ["--model.init_args.hidden_sizes=[16, 16]"],
         "qoa_split_tiny_imagenet": [
             "--model.init_args.memory_size=8", "--model.init_args.support_size=6", "--model.init_args.hidden=16",
+        ],
+        "cbp_split_tiny_imagenet": ["--model.init_args.hidden_sizes=[16, 16]"],
+        "ewc_split_tiny_imagenet": ["--model.init_args.hidden_sizes=[16, 16]"],
+        "knn_split_tiny_imagenet": ["--model.init_args.memory_size=8", "--model.init_args.support_size=6"],
+        "full_attention_split_tiny_imagenet": [
+            "--model.init_args.memory_size=8", "--model.init_args.support_size=6", "--model.init_args.embed_dim=14",
+            "--model.init_args.num_layers=1",
+        ],
+        "maml_replay_split_tiny_imagenet": [
+            "--model.init_args.hidden_sizes=[16]", "--model.init_args.memory_size=8",
+            "--model.init_args.num_pseudo_tasks=2", "--model.init_args.support_size=2",
+            "--model.init_args.query_size=2", "--model.init_args.inner_steps=1",
         ],
     }[config]  # fmt: skip
     cli = main(
@@ -202,13 +225,17 @@ def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, co
         run=False,
     )  # fmt: skip
     assert cli.model.input_shape == (3, 32, 32)
-    assert cli.model.encoder.out_features == 1152  # the paper's shared CNN
+    if not config.startswith("knn"):  # kNN works on raw pixels
+        encoder = cli.model.net[0] if config.startswith("maml") else cli.model.encoder
+        assert encoder.out_features == 1152  # the paper's shared CNN
     cli.trainer.fit(cli.model, cli.datamodule)
     m = cli.trainer.callback_metrics
     assert cli.trainer.current_epoch == 3
-    assert torch.isfinite(m["train/loss"])
+    if not config.startswith("knn"):  # kNN does not train
+        assert torch.isfinite(m["train/loss"])
     ep = cli.datamodule.stream.episode(2, 6)
-    with torch.no_grad():
+    cli.model.eval()
+    with torch.set_grad_enabled(config.startswith("maml")):  # MAML adapts on the context at evaluation
         acc = (cli.model.predict_episode(*ep[:3]).argmax(-1) == ep.query_y).float().mean()
     torch.testing.assert_close(m["eval/forward_acc"], acc)
     assert 0 <= m["eval/backward_acc"] <= 1
