@@ -44,6 +44,19 @@ def test_quick_qoa_overlay(config: str, tmp_path: Path) -> None:
     assert cli.datamodule.stream.chunk_size == 100
 
 
+def test_quick_maml_overlay_fills_its_buffer_within_the_quick_run(tmp_path: Path) -> None:
+    args = ["--config", str(CONFIGS / "maml_replay_pmnist.yaml"), "--config", str(CONFIGS / "quick.yaml")]
+    cli = main(
+        [*args, "--config", str(CONFIGS / "quick_maml.yaml"), f"--trainer.logger.init_args.save_dir={tmp_path}"],
+        run=False,
+    )
+    stream, model = cli.datamodule.stream, cli.model
+    admitted_per_task = stream.train_size * model.admission_prob
+    assert model.buffer.capacity / admitted_per_task <= stream.num_tasks / 3  # full within the first third
+    assert model.update_prob == 0.2
+    assert model.start_when_full
+
+
 def test_max_epochs_must_match_the_stream(tmp_path: Path) -> None:
     cli = main(
         [
