@@ -16,8 +16,6 @@ parametric learners' stay flat. Learners:
 Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``.
 """
 
-# ruff: noqa: T201 - a benchmark script: its printout is the result
-
 from __future__ import annotations
 
 import argparse

@@ -51,8 +51,10 @@ class CLI(LightningCLI):
 def main(args: list[str] | None = None, run: bool = True) -> CLI:
     """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script."""
     # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
-    # IterableDataset with a length, and a task may have fewer chunks than the logging interval.
+    # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
+    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload (a library mismatch, not ours).
     for message in (
+        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
         ".*`training_step` returned `None`.*",
         ".*`IterableDataset` has `__len__` defined.*",
         ".*smaller than the logging interval.*",

@@ -117,6 +117,7 @@ class ContinualBackprop(Backprop):
 
     def on_train_epoch_end(self) -> None:
         """Log how many units have been replaced so far (all layers)."""
+        super().on_train_epoch_end()
         total = sum(self.gnt.buffer("replaced", i) for i in range(self.gnt.num_layers))
         self.log("train/replaced_units", total.float())
 

@@ -86,7 +86,7 @@ class EWC(Backprop):
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
         penalty = self.penalty()
-        self.log("train/ewc_penalty", penalty.detach(), on_step=False, on_epoch=True, batch_size=x.shape[0])
+        self.log_task_mean("train/ewc_penalty", penalty, x.shape[0])
         return loss + penalty
 
     def consolidate(self, batches: Iterable[tuple[Tensor, Tensor]]) -> None:
@@ -117,6 +117,7 @@ class EWC(Backprop):
 
     def on_train_epoch_end(self) -> None:
         """At the task's end (one epoch = one task): Fisher and anchor of the finished task."""
+        super().on_train_epoch_end()
         datamodule = getattr(self.trainer, "datamodule", None)
         if datamodule is None or not hasattr(datamodule, "stream"):
             raise RuntimeError("EWC is task-aware: fit it with a StreamDataModule, whose stream gives each task's data")

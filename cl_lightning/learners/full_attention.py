@@ -135,7 +135,7 @@ class FullAttention(ContinualLearner):
         idx = self.buffer.newest(self.support_size + self.queries_per_step)  # supports, then the newest as queries
         (sx, sy), (qx, qy) = self.buffer.get(idx[: self.support_size]), self.buffer.get(idx[self.support_size :])
         loss = self.loss(self.attend(qx, sx, sy), qy)
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=qx.shape[0])
+        self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

@@ -151,7 +151,7 @@ class MAMLReplay(ContinualLearner):
         loss = self.meta_loss(sx, sy, qx, qy)
         self.manual_backward(loss)
         opt.step()
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=1)
+        self.log_task_mean("train/loss", loss)
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
         """Online metric, then admit examples to the buffer and run the meta-updates they trigger."""

@@ -176,7 +176,7 @@ class ParametricAttention(ContinualLearner):
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
         self.fast_state.copy_(new_state.detach())
-        self.log("train/state_norm", self.fast_state.norm(), on_step=False, on_epoch=True, batch_size=1)
+        self.log_task_mean("train/state_norm", self.fast_state.norm())
         return loss
 
     def recontext_state(self, context_x: Tensor, context_y: Tensor) -> Tensor:

@@ -128,7 +128,7 @@ class QueryOnlyAttention(ContinualLearner):
         optimizer.zero_grad()
         self.manual_backward(loss)
         optimizer.step()
-        self.log("train/loss", loss.detach(), on_step=False, on_epoch=True, batch_size=qx.shape[0])
+        self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
