@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from helpers import BACKPROP, QOA, fit, tiny_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cl_lightning.callbacks import ForgettingMonitor, HessianMonitor, PlasticityMonitor
+from cl_lightning.callbacks.forgetting import window_means
 from cl_lightning.learners import Backprop, QueryOnlyAttention
 from cl_lightning.metrics import (
     average_accuracy,
@@ -24,6 +26,7 @@ from cl_lightning.metrics import (
 # every monitor at every task, the Lanczos/SLQ path kept small
 ALL_MONITORS = [
     "--trainer.callbacks+=cl_lightning.callbacks.ForgettingMonitor",
+    "--trainer.callbacks.plot_budget=1.0",  # every row drawn (a run never spends more than its time on drawing)
     "--trainer.callbacks+=cl_lightning.callbacks.PlasticityMonitor",
     "--trainer.callbacks.probe_size=32",
     "--trainer.callbacks+=cl_lightning.callbacks.HessianMonitor",
@@ -112,6 +115,24 @@ def test_logged_transfer_metrics_equal_the_functions_on_the_logged_matrix(monito
     assert len(events.Images("forgetting/acc_matrix")) == 3
     forward = np.array([e.value for e in events.Scalars("eval/forward_acc")])
     np.testing.assert_allclose(monitor.forward.numpy(), forward, rtol=1e-6)
+
+
+def test_figures_are_drawn_within_the_time_budget_and_always_first_and_last() -> None:
+    monitor = ForgettingMonitor(plot_budget=0.02)
+    monitor.probe_tasks = [0, 5, 9, 14]
+    monitor._fit_start, monitor._plot_seconds = time.monotonic() - 10.0, 1.0  # 10 % of 10 s spent drawing
+    assert [monitor._within_budget(r) for r in range(4)] == [True, False, False, True]
+    monitor.plot_budget = 0.2
+    assert [monitor._within_budget(r) for r in range(4)] == [True, True, True, True]
+
+
+def test_window_means_skip_unfinished_tasks() -> None:
+    values = np.array([1.0, 3.0, 5.0, np.nan, 7.0, np.nan, np.nan, np.nan])
+    centres, means = window_means(values, 3)  # windows [1, 3, 5], [nan, 7, nan], [nan, nan] (all unfinished)
+    np.testing.assert_allclose(centres, [1.0, 4.0])
+    np.testing.assert_allclose(means, [3.0, 7.0])
+    centres, means = window_means(values[:3], 1)
+    np.testing.assert_allclose(means, [1.0, 3.0, 5.0])
 
 
 def test_resumed_run_restores_the_accuracy_matrix(tmp_path: Path, monitored) -> None:
