@@ -199,3 +199,15 @@ def test_scr_configs_instantiate(config: str, quick: bool, tmp_path: Path) -> No
     assert cli.datamodule.context_size == 100
     if not quick:  # the overlay may coarsen the chunks for speed; the paper streams one example per step
         assert cli.datamodule.stream.chunk_size == 1
+
+
+@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr", "cbp_scr", "knn_scr", "full_attention_scr"])
+def test_quick_scr_overlay_keeps_the_one_point_per_step_protocol(config: str, tmp_path: Path) -> None:
+    from cl_lightning.cli import main
+
+    args = ["--config", str(CONFIGS / f"{config}.yaml"), "--config", str(CONFIGS / "quick_scr.yaml")]
+    cli = main([*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
+    stream = cli.datamodule.stream
+    assert (stream.chunk_size, stream.train_size, stream.query_size) == (1, 9000, 1000)  # the paper's tasks
+    assert cli.trainer.max_epochs == cli.datamodule.num_tasks == 20
+    assert cli.datamodule.eval_queries == 1000
