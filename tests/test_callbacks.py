@@ -214,6 +214,21 @@ def test_exact_hessian_of_qoa_last_layer_on_the_episode_equals_double_backprop()
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_exact_hessian_of_a_regression_output_layer_is_2_over_n_a_transpose_a() -> None:
+    # MSE is quadratic in the last layer: H = (2/N) Σ_n a_n a_nᵀ, a_n = [relu features; 1] (a hand-worked form).
+    # torch 2.14's forward-over-reverse AD of F.mse_loss fails, which switched the monitor off on regression runs.
+    torch.manual_seed(0)
+    model = Backprop(input_shape=(20,), num_outputs=1, task_type="regression", hidden_sizes=[6]).double()
+    qx, qy = torch.randint(0, 2, (50, 20)).double(), torch.randn(50, 1, dtype=torch.float64)
+    out = HessianMonitor(clamp=None, jitter=0.0).measure(model, [qx[:0], qy[:0], qx, qy])
+    with torch.no_grad():
+        a = torch.cat([model.net.layers[0](qx).relu(), torch.ones(50, 1, dtype=torch.float64)], dim=1)  # (N, 7)
+    eig = np.linalg.eigvalsh((2 / 50 * a.T @ a).numpy())
+    assert out["hessian/num_params"].item() == 7
+    assert out["hessian/trace"].item() == pytest.approx(eig.sum(), rel=1e-9)
+    assert out["hessian/top_eigval"].item() == pytest.approx(eig.max(), rel=1e-9)
+
+
 def test_lanczos_top_eigenvalue_equals_the_exact_one_on_the_whole_network() -> None:
     torch.manual_seed(0)
     model = Backprop(input_shape=(4,), num_outputs=3, hidden_sizes=[6]).double()

@@ -63,10 +63,14 @@ class ContinualLearner(LightningModule):
         return gen
 
     def loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Cross-entropy on logits, or MSE on predictions."""
+        """Cross-entropy on logits, or MSE on predictions.
+
+        The MSE is written out rather than ``F.mse_loss`` (bitwise the same value and gradient on CPU): torch 2.14's
+        forward-over-reverse AD of ``mse_loss`` fails ("ZeroTensors are immutable"), and the Hessian monitor needs it.
+        """
         if self.task_type == "classification":
             return nn.functional.cross_entropy(pred, y)
-        return nn.functional.mse_loss(pred, y.to(pred.dtype))
+        return (pred - y.to(pred.dtype)).pow(2).mean()
 
     def score(self, pred: Tensor, y: Tensor) -> Tensor:
         """Accuracy (fraction correct) or MSE of a batch of predictions."""
