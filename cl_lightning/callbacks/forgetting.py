@@ -33,10 +33,10 @@ def accuracy_matrix_figure(
     if baseline is not None:
         data, rows = np.vstack([baseline[None], data]), ["init", *rows]
     k = len(probe_tasks)
-    width, height = 2.4 + 0.55 * k, 1.4 + 0.45 * len(rows)
+    width, height = 3.1 + 0.55 * k, 1.4 + 0.45 * len(rows)
     fig = Figure(figsize=(width, height), dpi=100)
     # fixed margins in inches (tight_layout measured every label and took half the drawing time)
-    fig.subplots_adjust(left=0.85 / width, right=1 - 0.3 / width, bottom=0.75 / height, top=1 - 0.4 / height)
+    fig.subplots_adjust(left=1.05 / width, right=1 - 0.75 / width, bottom=0.75 / height, top=1 - 0.4 / height)
     ax = fig.add_subplot()
     im = ax.imshow(np.ma.masked_invalid(data), cmap="viridis_r" if metric == "mse" else "viridis", aspect="auto")
     fig.colorbar(im, ax=ax, fraction=0.05)
@@ -47,7 +47,8 @@ def accuracy_matrix_figure(
     if k <= 12:
         for (i, j), v in np.ndenumerate(data):
             if not math.isnan(v):
-                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w")
+                bright = im.norm(v) > 0.6 if metric != "mse" else im.norm(v) < 0.4  # viridis is light at its top
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="k" if bright else "w")
     return fig
 
 
