@@ -57,14 +57,12 @@ def window_means(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarra
     curves (100-task windows on Permuted MNIST, 10 on regression). Returns (window centres, means), only for the
     windows holding at least one value.
     """
-    n = values.size // window * window + (window if values.size % window else 0)
-    padded = np.full(n, np.nan)
+    padded = np.full(math.ceil(values.size / window) * window, np.nan)
     padded[: values.size] = values
     blocks = padded.reshape(-1, window)
     seen = ~np.isnan(blocks).all(axis=1)
-    means = np.array([np.nanmean(b) for b in blocks[seen]])
     centres = np.arange(blocks.shape[0])[seen] * window + (window - 1) / 2
-    return centres, means
+    return centres, np.nanmean(blocks[seen], axis=1)
 
 
 def transfer_curves_figure(

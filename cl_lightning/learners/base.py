@@ -48,7 +48,7 @@ class ContinualLearner(LightningModule):
         self.optimizer_factory = optimizer
         self.seed = seed
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
-        self._task_sums: dict[str, tuple[Tensor, float]] = {}  # name -> [weighted sum, weight] of the running task
+        self._task_sums: dict[str, tuple[Tensor, float]] = {}  # name -> (weighted sum, weight) of the running task
 
     @property
     def metric_name(self) -> str:
@@ -90,8 +90,8 @@ class ContinualLearner(LightningModule):
         """Add a batch mean ``value`` of ``weight`` examples to the task mean of ``name``, logged at the task's end.
 
         Equals ``self.log(name, value, on_step=False, on_epoch=True, batch_size=weight)`` but costs one tensor
-        addition a step instead of Lightning's per-call bookkeeping (40 % of a chunk-1 step), and sums over
-        every DDP rank's chunks rather than reporting rank 0's alone.
+        addition a step instead of Lightning's per-call bookkeeping (about a third of a one-example step:
+        ``benchmarks/loop_overhead.py``), and sums over every DDP rank's chunks rather than reporting rank 0's alone.
         """
         value = value.detach().to(torch.float64) * weight
         total, count = self._task_sums.get(name, (0.0, 0.0))
