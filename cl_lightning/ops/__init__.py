@@ -6,11 +6,15 @@ Only the fast (chunked) forms and helpers are exported; each ``naive_recurrent_<
 
 from cl_lightning.ops.decay import chunk_decay_linear_attn
 from cl_lightning.ops.delta_rule import chunk_delta_rule
+from cl_lightning.ops.feature_maps import feature_map
 from cl_lightning.ops.gated_delta_rule import chunk_gated_delta_rule
 from cl_lightning.ops.linear_attn import chunk_linear_attn
 from cl_lightning.ops.longhorn import chunk_longhorn, longhorn_step_size
+from cl_lightning.ops.omega import chunk_omega_rule
+from cl_lightning.ops.titans import chunk_titans_linear
 from cl_lightning.ops.ttt_linear import chunk_ttt_linear
-from cl_lightning.ops.utils import l2_normalize
+from cl_lightning.ops.ttt_mlp import chunk_ttt_mlp
+from cl_lightning.ops.utils import expand_pairs, l2_normalize, pair_outputs
 
 __all__ = [
     "chunk_decay_linear_attn",
@@ -18,7 +22,13 @@ __all__ = [
     "chunk_gated_delta_rule",
     "chunk_linear_attn",
     "chunk_longhorn",
+    "chunk_omega_rule",
+    "chunk_titans_linear",
     "chunk_ttt_linear",
+    "chunk_ttt_mlp",
+    "expand_pairs",
+    "feature_map",
     "l2_normalize",
     "longhorn_step_size",
+    "pair_outputs",
 ]

@@ -93,3 +93,31 @@ def zero_state(q: Tensor, v: Tensor) -> Tensor:
     """A zero state of shape (B, H, K, V) with the dtype and device of ``q``."""
     batch, heads, _, key_dim = q.shape
     return q.new_zeros(batch, heads, key_dim, v.shape[-1])
+
+
+def expand_pairs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Several key-value pairs per token, as a longer token sequence any linear-readout rule can run.
+
+    Token t writes its P pairs (k_{t,1}, v_{t,1}) ... (k_{t,P}, v_{t,P}) one after another; it is read once, with the
+    mean query q_t = mean_p q_{t,p}, at the position of its first pair, so a prequential read of token t sees every
+    pair of the tokens before it and none of its own (o = S^T q is linear in q, so reading the mean query is the mean
+    of the P readings). Take the outputs back with :func:`pair_outputs`.
+
+    Args:
+        q: Queries, shape (B, H, T, P, K).
+        k: Keys, shape (B, H, T, P, K).
+        v: Values, shape (B, H, T, P, V).
+        beta: Write strengths, shape (B, H, T, P).
+
+    Returns:
+        q, k, v, beta of the expanded sequence of T * P steps: (B, H, T*P, K), (B, H, T*P, K), (B, H, T*P, V),
+        (B, H, T*P); the queries are zero except at each token's first pair.
+    """
+    q_exp = torch.zeros_like(q)
+    q_exp[:, :, :, 0] = q.mean(dim=3)
+    return q_exp.flatten(2, 3), k.flatten(2, 3), v.flatten(2, 3), beta.flatten(2, 3)
+
+
+def pair_outputs(o: Tensor, pairs: int) -> Tensor:
+    """Outputs (B, H, T, V) of the tokens from the expanded sequence's outputs (B, H, T*P, V) (first pair of each)."""
+    return o[:, :, ::pairs]
