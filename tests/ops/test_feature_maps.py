@@ -29,7 +29,8 @@ def test_random_fourier_approximates_the_gaussian_kernel():
 
 
 def test_widths_and_bad_names_raise():
-    assert input_width("poly2", 64) == 8 and input_width("elu1", 64) == 64
+    assert input_width("poly2", 64) == 8
+    assert input_width("elu1", 64) == 64
     with pytest.raises(ValueError, match="perfect square"):
         input_width("poly2", 60)
     with pytest.raises(ValueError, match="even"):

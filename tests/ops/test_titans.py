@@ -60,6 +60,7 @@ def test_momentum_keeps_moving_after_the_surprise():
         o, (w, m) = fn(e, e, e, beta, log_mu, None, mini_batch_size=1)
         torch.testing.assert_close(o.flatten(), torch.tensor([0.5, 1.0], dtype=torch.float64))
         torch.testing.assert_close(m.flatten(), torch.tensor([0.5], dtype=torch.float64))
+        torch.testing.assert_close(w.flatten(), torch.tensor([1.0], dtype=torch.float64))
 
 
 def test_bad_mini_batch_size_raises(make_inputs):
