@@ -8,9 +8,23 @@ from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterru
 
 import cl_lightning.learners.parametric_attention as pa
 from cl_lightning.learners import ParametricAttention
+from cl_lightning.learners.parametric_attention import Encoded
 from cl_lightning.ops import chunk_delta_rule
 
-RULES = ["linear_attn", "decay", "delta_rule", "gated_delta_rule", "longhorn"]
+RULES = [
+    "linear_attn",
+    "decay",
+    "delta_rule",
+    "gated_delta_rule",
+    "longhorn",
+    "omega",
+    "titans",
+    "ttt_linear",
+    "ttt_mlp",
+]
+# the rules whose gradients are taken per mini-batch or window: one call per example matches one call per chunk only
+# with mini-batches / windows of one token (the ops tests check the chunked forms against their references)
+ONE_TOKEN = {"window": 1, "mini_batch_size": 1}
 PARAMETRIC = [
     "--model=cl_lightning.learners.ParametricAttention",
     "--model.rule=gated_delta_rule",
@@ -35,7 +49,9 @@ def _chunk(n: int = 11) -> tuple[torch.Tensor, torch.Tensor]:
 def _changed_from(model: ParametricAttention, i: int) -> torch.Tensor:
     """Which online predictions change when only label i of the chunk changes (from a non-zero state)."""
     x, y = _chunk()
-    state = torch.randn_like(model.fast_state)
+    torch.manual_seed(2)
+    state = tuple(torch.randn_like(t) for t in _tuple(model.live_state()))
+    state = state[0] if len(state) == 1 else state
     y2 = y.clone()
     y2[i] = (y[i] + 1) % 3
     with torch.no_grad():
@@ -44,9 +60,12 @@ def _changed_from(model: ParametricAttention, i: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_predict_then_write_never_uses_a_label_for_its_own_prediction(rule: str) -> None:
+@pytest.mark.parametrize("kv_pairs", [1, 2])
+def test_predict_then_write_never_uses_a_label_for_its_own_prediction(rule: str, kv_pairs: int) -> None:
+    if kv_pairs > 1 and rule in ("ttt_linear", "ttt_mlp"):
+        pytest.skip("several pairs per example need a linear readout")
     i = 5
-    changed = _changed_from(_model(rule), i)
+    changed = _changed_from(_model(rule, kv_pairs=kv_pairs), i)
     assert not changed[: i + 1].any()  # example i and the ones before never see label i
     assert changed[i + 1 :].all()  # the later ones read it from the state: labels do flow forward
 
@@ -62,12 +81,12 @@ def test_the_leak_test_catches_read_after_write(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("rule", RULES)
 @pytest.mark.parametrize("protocol", ["lifelong", "support_set"])
 def test_chunked_stream_equals_one_example_at_a_time(rule: str, protocol: str) -> None:
-    model = _model(rule, protocol=protocol)
+    model = _model(rule, protocol=protocol, **ONE_TOKEN)
     x, y = _chunk(13)
     with torch.no_grad():
         model.training_step((x, y, torch.zeros(13)), 0)  # one chunk: state S after 13 examples
-        want_pred, want_state = model.online_predictions(x, y, model.fast_state)  # the next 13, chunked
-        state, preds = model.fast_state.clone(), []
+        want_pred, want_state = model.online_predictions(x, y, model.live_state())  # the next 13, chunked
+        state, preds = model.live_state(), []
         for t in range(13):  # ... and one at a time, carrying the state
             pred, state = model.online_predictions(x[t : t + 1], y[t : t + 1], state)
             preds.append(pred)
@@ -77,8 +96,12 @@ def test_chunked_stream_equals_one_example_at_a_time(rule: str, protocol: str) -
         torch.testing.assert_close(model.training_step((x, y, torch.zeros(13)), 1), model.loss(*_fresh(model, x, y)))
 
 
+def _tuple(state):
+    return (state,) if isinstance(state, torch.Tensor) else tuple(state)
+
+
 def _fresh(model: ParametricAttention, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return model.online_predictions(x, y, torch.zeros_like(model.fast_state))[0], y
+    return model.online_predictions(x, y, model.fresh_state())[0], y
 
 
 @pytest.mark.parametrize("rule", ["delta_rule", "linear_attn"])
@@ -89,9 +112,7 @@ def test_delta_rule_with_unit_keys_and_beta_one_recalls_the_last_value(rule: str
     labels = torch.tensor([0, 1, 2, 0, 1, 2, 2, 0])
     values = model.values(labels, torch.float64)  # (1, 1, 8, 3) one-hot
     k = keys[order].view(1, 1, 8, 8)
-    _, state = model.write(
-        k, values, torch.ones(1, 1, 8, dtype=torch.float64), None, torch.zeros_like(model.fast_state)
-    )
+    _, state = model.write(Encoded(k, torch.ones(1, 1, 8, dtype=torch.float64)), values, model.fresh_state())
     logits = model.read(state, keys.view(1, 1, 5, 8)) / model.log_temperature.exp()
     last = torch.nn.functional.one_hot(torch.tensor([0, 0, 2, 2, 1]), 3).double()  # the last label of each key
     if rule == "delta_rule":
@@ -145,3 +166,102 @@ def test_resumed_run_equals_uninterrupted(tmp_path: Path) -> None:
 
 def test_checkpoint_round_trip_keeps_everything(tmp_path: Path) -> None:
     assert_checkpoint_round_trip(tmp_path, PARAMETRIC, ParametricAttention)
+
+
+@pytest.mark.parametrize("rule", ["titans", "ttt_linear", "ttt_mlp", "omega"])
+def test_evaluation_never_writes_any_state_buffer(rule: str) -> None:
+    model = _model(rule)
+    x, y = _chunk(20)
+    model.training_step((x, y, torch.zeros(20)), 0)
+    before = [t.clone() for t in _tuple(model.live_state())]
+    with torch.no_grad():
+        model.predict_episode(x[:12], y[:12], x[12:])
+        live = model.extra_readings(x[:12], y[:12], x[12:])["live"]
+    for got, want in zip(_tuple(model.live_state()), before, strict=True):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(live, model(x[12:]))
+
+
+@pytest.mark.parametrize(("rule", "extra"), [("omega", {"window": 3}), ("delta_rule", {"kv_pairs": 3})])
+def test_the_ops_chunk_size_does_not_change_the_learner(rule: str, extra: dict) -> None:
+    x, y = _chunk(13)
+    outs = []
+    for chunk_size in (4, 64):
+        model = _model(rule, **extra)
+        model.chunk_size = chunk_size
+        with torch.no_grad():
+            outs.append(model.online_predictions(x, y, model.fresh_state()))
+    torch.testing.assert_close(outs[0], outs[1])
+
+
+def test_state_bytes_count_every_buffer_of_the_state() -> None:
+    kw = {"input_shape": (6,), "num_outputs": 3, "hidden_sizes": [16], "key_dim": 8, "num_heads": 2}
+    assert ParametricAttention(rule="titans", **kw).context_memory_bytes() == 2 * (2 * 8 * 3) * 4  # W and momentum
+    mlp = ParametricAttention(rule="ttt_mlp", mlp_hidden=5, **kw)
+    assert mlp.context_memory_bytes() == 2 * (8 * 5 + 5 + 5 * 3 + 3) * 4  # W1, b1, W2, b2 per head
+    assert ParametricAttention(rule="ttt_linear", **kw).context_memory_bytes() == 2 * (8 * 8 + 8) * 4
+
+
+@pytest.mark.parametrize("name", ["elu1", "poly2", "random_fourier"])
+def test_feature_maps_give_unit_keys_of_state_width(name: str) -> None:
+    model = _model("delta_rule", key_dim=16, feature_map=name)
+    keys = model.encode(_chunk()[0]).keys
+    assert keys.shape[-1] == 16
+    assert model.key_proj.out_features == model.num_heads * (4 if name == "poly2" else 16)
+    torch.testing.assert_close(keys.norm(dim=-1), torch.ones_like(keys[..., 0]), atol=1e-3, rtol=0)  # l2n eps 1e-6
+    if name == "elu1":
+        assert (keys > 0).all()
+    if name == "poly2":  # phi(q)^T phi(k) = (q^T k)^2 >= 0: no two keys point apart
+        assert (keys[0, 0] @ keys[0, 0].T).min() >= 0
+
+
+def test_poly2_needs_a_square_key_dim() -> None:
+    with pytest.raises(ValueError, match="perfect square"):
+        ParametricAttention(key_dim=12, feature_map="poly2")
+    with pytest.raises(ValueError, match="linear readout"):
+        ParametricAttention(rule="ttt_mlp", kv_pairs=2)
+
+
+def test_frozen_random_encoder_keeps_its_keys_and_trains_the_rest() -> None:
+    model = _model("gated_delta_rule", encoder_training="frozen_random")
+    optimizer = model.configure_optimizers()
+    key_w, beta_w = model.key_proj.weight.clone(), model.beta_proj.weight.clone()
+    x, y = _chunk(20)
+    for i in range(3):
+        optimizer.zero_grad()
+        model.training_step((x, y, torch.zeros(20)), i).backward()
+        optimizer.step()
+    torch.testing.assert_close(model.key_proj.weight, key_w)
+    assert not torch.allclose(model.beta_proj.weight, beta_w)
+
+
+def test_frozen_after_first_task_trains_keys_in_task_0_only(tmp_path: Path) -> None:
+    from lightning.pytorch import Callback
+
+    seen: list[torch.Tensor] = []
+
+    class Record(Callback):
+        def on_train_epoch_end(self, trainer, module) -> None:
+            seen.append(module.key_proj.weight.detach().clone())
+
+    args = [*PARAMETRIC, "--model.encoder_training=frozen_after_first_task"]
+    from helpers import tiny_args
+
+    from cl_lightning.cli import main
+
+    cli = main(tiny_args(tmp_path, args), run=False)
+    init = cli.model.key_proj.weight.detach().clone()
+    cli.trainer.callbacks.append(Record())
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert len(seen) == 3
+    assert not torch.allclose(seen[0], init)  # task 0 trains the key path
+    torch.testing.assert_close(seen[1], seen[0])  # ... later tasks do not
+    torch.testing.assert_close(seen[2], seen[0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ["omega", "titans", "ttt_linear", "ttt_mlp"])
+def test_new_rules_beat_chance_on_a_tiny_stream(tmp_path: Path, rule: str) -> None:
+    m = fit(tmp_path, [*PARAMETRIC, f"--model.rule={rule}"]).trainer.callback_metrics
+    assert torch.isfinite(m["train/loss"])
+    assert m["eval/forward_acc"] > 0.25 + 0.2  # 4 classes; recontext reading

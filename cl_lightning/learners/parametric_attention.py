@@ -11,6 +11,14 @@ and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``c
 S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ. Readout: logits = τ · Sᵀq
 (τ learnable; regression reads Sᵀq), averaged over heads.
 
+The paper's open questions are switches (its §2.2 in our reading): the online objective — gates (``decay``,
+``gated_delta_rule``, ``titans``' retention), several heads; the long-range signal — the Omega rule's window of the
+last c tokens (``omega``, ``window``), Titans-style momentum (``titans``), TTT mini-batches (``ttt_linear``,
+``ttt_mlp``); how keys and values are made — a non-linear key feature map (``feature_map``), several key–value
+pairs per example (``kv_pairs``), and a deep (two-layer MLP) memory (``ttt_mlp``). ``encoder_training`` freezes the
+key path (encoder, body, key projection) at its random init or after the first task, to separate slow-weight drift
+(keys written under an old θ, read under a new one) from the fast state's capacity.
+
 Protocols (§6.4 and §6.3):
 
 - ``"lifelong"`` (default): one persistent S, never reset, no replay buffer, no task ids. Each arrival chunk is
@@ -33,7 +41,7 @@ Under DDP each rank keeps its own S, written with its share of each chunk.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
@@ -49,15 +57,49 @@ from cl_lightning.ops import (
     chunk_gated_delta_rule,
     chunk_linear_attn,
     chunk_longhorn,
+    chunk_omega_rule,
+    chunk_titans_linear,
+    chunk_ttt_linear,
+    chunk_ttt_mlp,
+    expand_pairs,
+    feature_map,
     l2_normalize,
+    pair_outputs,
 )
+from cl_lightning.ops.feature_maps import FeatureMapName, input_width, random_fourier_weights
+from cl_lightning.ops.ttt_linear import _read as ttt_linear_read
+from cl_lightning.ops.ttt_mlp import mlp_forward
 
-RuleName = Literal["linear_attn", "decay", "delta_rule", "gated_delta_rule", "longhorn"]
-_GATED = ("decay", "gated_delta_rule")
+RuleName = Literal[
+    "linear_attn",
+    "decay",
+    "delta_rule",
+    "gated_delta_rule",
+    "longhorn",
+    "omega",
+    "titans",
+    "ttt_linear",
+    "ttt_mlp",
+]
+EncoderTraining = Literal["online", "frozen_random", "frozen_after_first_task"]
+_GATED = ("decay", "gated_delta_rule", "titans")
+_TTT = ("ttt_linear", "ttt_mlp")
+State = Tensor | tuple[Tensor, ...]
+
+
+class Encoded(NamedTuple):
+    """One chunk's tokens: keys = queries ``(1, H, N, K)`` (``(1, H, N, P, K)`` with P pairs), write strengths β
+    ``(1, H, N)`` and, where the rule has them, log-gates (forget / retention), log-momentum and window weights γ."""
+
+    keys: Tensor
+    beta: Tensor
+    log_gate: Tensor | None = None
+    log_momentum: Tensor | None = None
+    gamma: Tensor | None = None
 
 
 class ParametricAttention(ContinualLearner):
-    """A slow encoder trained online plus a fast state S of fixed size written by a fast-weight rule.
+    """A slow encoder trained online plus a fast state of fixed size written by a fast-weight rule.
 
     Args:
         input_shape: Shape of one input (linked from the data module).
@@ -65,17 +107,33 @@ class ParametricAttention(ContinualLearner):
         task_type: Linked from the data module.
         rule: The fast rule from ``cl_lightning.ops``: ``"linear_attn"`` (Hebbian, with write strength β),
             ``"decay"`` (scalar-gate linear attention), ``"delta_rule"``, ``"gated_delta_rule"``, ``"longhorn"``
-            (the reference code's diagonal form).
+            (the reference code's diagonal form), ``"omega"`` (the loss over the last ``window`` tokens),
+            ``"titans"`` (momentum on the surprise, retention gate as weight decay), ``"ttt_linear"`` (TTT-Linear;
+            values embedded to d_k by a learned map E, the output's residual branch read out as its inner products
+            with the columns of E), ``"ttt_mlp"`` (a two-layer MLP fast
+            weight of width ``mlp_hidden``).
         protocol: ``"lifelong"`` (one persistent state) or ``"support_set"`` (a fresh state per chunk).
         hidden_sizes: Widths of the encoder MLP's hidden layers (§6.2: [256, 256] for Permuted MNIST).
-        key_dim: d_k, per head.
+        key_dim: d_k, per head: the rows of the state (the feature map's output width).
         num_heads: Heads, each with its own key projection, β, gate and state; their readouts are averaged.
         encoder: ``"flatten"`` or ``"cnn"`` (the QOA paper's shared CNN) before the MLP.
         temperature: Initial readout temperature τ of the classification logits (learnable, kept positive).
         forget_init: Initial −log α ≈ softplus(dt_bias) of the gated rules (1e-3: α ≈ 0.999 per example).
         chunk_size: Tokens per chunk C of the ops' chunked forms (not the stream's chunk).
+        window: The Omega rule's window c (its step η = β / c, so the total write per token does not grow with c).
+        momentum_init: Initial momentum μ of ``"titans"`` (a learned sigmoid gate per token and head).
+        mini_batch_size: Tokens per gradient mini-batch of ``"titans"``, ``"ttt_linear"``, ``"ttt_mlp"``.
+        mlp_hidden: Hidden width D_h of the ``"ttt_mlp"`` memory; None means ``key_dim``.
+        feature_map: Key/query map φ applied before L2 normalisation: ``"identity"``, ``"elu1"``, ``"poly2"``
+            (key_dim must be a square: the key projection has √key_dim outputs) or ``"random_fourier"``.
+        kv_pairs: Key–value pairs written per example (the key projection makes P keys, each paired with the
+            example's value; the example is read with the mean of its P queries); linear-readout rules only.
+        encoder_training: ``"online"`` (the key path trained with the rest), ``"frozen_random"`` (encoder, body
+            and key projection never trained) or ``"frozen_after_first_task"``.
+        ttt_base_lr: eta_base of the TTT rules, whose per-token rate is (eta_base / d_k) β with TTT's position
+            scale 1/i inside a mini-batch (the mean gradient at the mini-batch's end), as TTT's code.
         optimizer: Optimiser factory for the slow parameters (default: Adam, lr 1e-4).
-        seed: Seed of the learner's own sampling (unused: the learner draws nothing).
+        seed: Seed of the learner's own sampling (the random-feature projection and the TTT state init).
     """
 
     def __init__(
@@ -92,6 +150,14 @@ class ParametricAttention(ContinualLearner):
         temperature: float = 10.0,
         forget_init: float = 1e-3,
         chunk_size: int = 64,
+        window: int = 4,
+        momentum_init: float = 0.9,
+        mini_batch_size: int = 16,
+        mlp_hidden: int | None = None,
+        feature_map: FeatureMapName = "identity",
+        kv_pairs: int = 1,
+        encoder_training: EncoderTraining = "online",
+        ttt_base_lr: float = 1.0,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
@@ -100,106 +166,240 @@ class ParametricAttention(ContinualLearner):
         hidden = [256, 256] if hidden_sizes is None else list(hidden_sizes)
         if not hidden or key_dim < 1 or num_heads < 1 or chunk_size < 1 or temperature <= 0 or forget_init <= 0:
             raise ValueError("need hidden_sizes, key_dim, num_heads, chunk_size >= 1 and temperature, forget_init > 0")
+        if window < 1 or mini_batch_size < 1 or kv_pairs < 1 or not 0 < momentum_init < 1:
+            raise ValueError("need window, mini_batch_size, kv_pairs >= 1 and momentum_init in (0, 1)")
+        if kv_pairs > 1 and rule in _TTT:
+            raise ValueError(f"kv_pairs > 1 needs a linear readout; rule {rule!r} reads through a non-linear model")
+        if encoder_training not in ("online", "frozen_random", "frozen_after_first_task"):
+            raise ValueError(f"unknown encoder_training {encoder_training!r}")
         self.rule, self.protocol, self.chunk_size = rule, protocol, chunk_size
-        self.key_dim, self.num_heads = key_dim, num_heads
+        self.key_dim, self.num_heads, self.kv_pairs = key_dim, num_heads, kv_pairs
+        self.window, self.mini_batch_size, self.feature_map = window, mini_batch_size, feature_map
+        self.encoder_training, self.ttt_base_lr = encoder_training, ttt_base_lr
+        self.proj_dim = input_width(feature_map, key_dim)  # the key projection's width before φ
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.body = MLP(features, hidden[-1], hidden[:-1])  # h = relu(body(x))
-        self.key_proj = nn.Linear(hidden[-1], num_heads * key_dim)
+        self.key_proj = nn.Linear(hidden[-1], kv_pairs * num_heads * self.proj_dim)
         self.beta_proj = nn.Linear(hidden[-1], num_heads)
         nn.init.normal_(self.beta_proj.weight, std=1e-3)  # β ≈ sigmoid(0) = 0.5 at the start
         nn.init.zeros_(self.beta_proj.bias)
         self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
+        gen = torch.Generator().manual_seed(seed)
+        if feature_map == "random_fourier":
+            self.register_buffer("rff_weights", random_fourier_weights(self.proj_dim, key_dim, gen))
         if rule in _GATED:
-            self.gate_proj = nn.Linear(hidden[-1], num_heads)
-            nn.init.normal_(self.gate_proj.weight, std=1e-3)
-            nn.init.zeros_(self.gate_proj.bias)
+            self.gate_proj = self._gate_head(hidden[-1])
             self.a_log = nn.Parameter(torch.zeros(num_heads))  # A = 1
             dt_bias = forget_init + math.log(-math.expm1(-forget_init))  # inverse softplus (fla's dt_bias init)
             self.dt_bias = nn.Parameter(torch.full((num_heads,), dt_bias))
-        self.register_buffer("fast_state", torch.zeros(num_heads, key_dim, num_outputs))  # the fast memory S
+        if rule == "titans":
+            self.momentum_proj = self._gate_head(hidden[-1])
+            self.momentum_bias = nn.Parameter(torch.full((num_heads,), math.log(momentum_init / (1 - momentum_init))))
+        if rule == "omega":
+            self.gamma_proj = self._gate_head(hidden[-1])  # γ ≈ sigmoid(0) = 0.5 at the start
+        self._init_state(rule, num_outputs, mlp_hidden or key_dim, gen)
+        if encoder_training == "frozen_random":
+            self.freeze_keys()
 
-    def encode(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Keys = queries ``(1, H, N, K)`` (L2-normalised), write strengths β ``(1, H, N)``, log-gates or None."""
+    def _gate_head(self, width: int) -> nn.Linear:
+        head = nn.Linear(width, self.num_heads)
+        nn.init.normal_(head.weight, std=1e-3)
+        nn.init.zeros_(head.bias)
+        return head
+
+    def _init_state(self, rule: str, num_outputs: int, mlp_hidden: int, gen: torch.Generator) -> None:
+        """Register the fast state's buffers (``fast_state`` first) and, for TTT rules, the learned initial state."""
+        heads, keys = self.num_heads, self.key_dim
+        if rule == "ttt_linear":  # TTT's initial fast weights are slow parameters (N(0, 0.02), b = 0)
+            self.value_embed = nn.Linear(num_outputs, keys, bias=False)
+            self.ln_weight = nn.Parameter(torch.ones(heads, keys))
+            self.ln_bias = nn.Parameter(torch.zeros(heads, keys))
+            init = [0.02 * torch.randn(heads, keys, keys, generator=gen), torch.zeros(heads, keys)]
+            self.state_names = ["fast_state", "fast_bias"]
+        elif rule == "ttt_mlp":  # W1 ~ N(0, 1): unit keys give unit-variance pre-activations; W2 = 0
+            init = [
+                torch.randn(heads, keys, mlp_hidden, generator=gen),
+                torch.zeros(heads, mlp_hidden),
+                torch.zeros(heads, mlp_hidden, num_outputs),
+                torch.zeros(heads, num_outputs),
+            ]
+            self.state_names = ["fast_state", "fast_b1", "fast_w2", "fast_b2"]
+        else:
+            init = [torch.zeros(heads, keys, num_outputs)]
+            self.state_names = ["fast_state", "fast_momentum"] if rule == "titans" else ["fast_state"]
+            init = init * len(self.state_names)
+        if rule in _TTT:
+            self.state_init = nn.ParameterList([nn.Parameter(t.clone()) for t in init])
+        for name, tensor in zip(self.state_names, init, strict=True):
+            self.register_buffer(name, tensor.clone())
+
+    def freeze_keys(self) -> None:
+        """Stop training the key path (encoder, body, key projection): keys no longer drift under the state."""
+        for module in (self.encoder, self.body, self.key_proj):
+            module.requires_grad_(False)
+
+    def on_train_epoch_start(self) -> None:
+        """Freeze the key path from the second task on, if ``encoder_training="frozen_after_first_task"``."""
+        super().on_train_epoch_start()
+        if self.encoder_training == "frozen_after_first_task" and self.current_epoch >= 1:
+            self.freeze_keys()
+
+    # --- the fast state -------------------------------------------------------------------------------------------
+
+    def live_state(self) -> State:
+        """The live fast state: ``fast_state`` ``(H, K, V)``, or a tuple of buffers for multi-tensor rules."""
+        state = tuple(getattr(self, name) for name in self.state_names)
+        return state[0] if len(state) == 1 else state
+
+    def fresh_state(self) -> State:
+        """The state a new context is written into: zeros, or the learned initial fast weights of the TTT rules."""
+        if self.rule in _TTT:
+            return tuple(self.state_init)
+        fresh = tuple(torch.zeros_like(getattr(self, name)) for name in self.state_names)
+        return fresh[0] if len(fresh) == 1 else fresh
+
+    def _set_state(self, state: State) -> None:
+        for name, tensor in zip(self.state_names, _as_tuple(state), strict=True):
+            getattr(self, name).copy_(tensor.detach())
+
+    # --- tokens ---------------------------------------------------------------------------------------------------
+
+    def encode(self, x: Tensor) -> Encoded:
+        """Keys = queries (φ then L2-normalised), write strengths β and the rule's gates for a chunk ``x``."""
         h = self.body(self.encoder(x)).relu()  # (N, D)
-        keys = self.key_proj(h).view(h.shape[0], self.num_heads, self.key_dim).transpose(0, 1)  # (H, N, K)
-        beta = self.beta_proj(h).sigmoid().T  # (H, N)
-        g = None
+        n, heads = h.shape[0], self.num_heads
+        raw = self.key_proj(h).view(n, self.kv_pairs, heads, self.proj_dim).permute(2, 0, 1, 3)  # (H, N, P, D)
+        keys = l2_normalize(feature_map(raw, self.feature_map, getattr(self, "rff_weights", None)))
+        keys = keys.unsqueeze(0) if self.kv_pairs > 1 else keys[:, :, 0].unsqueeze(0)  # (1, H, N[, P], K)
+        beta = self.beta_proj(h).sigmoid().T.unsqueeze(0)  # (1, H, N)
+        log_gate = log_momentum = gamma = None
         if self.rule in _GATED:
-            g = -self.a_log.exp() * nn.functional.softplus(self.gate_proj(h) + self.dt_bias)  # (N, H), log α <= 0
-            g = g.T.unsqueeze(0)  # (1, H, N)
-        return l2_normalize(keys).unsqueeze(0), beta.unsqueeze(0), g
+            log_gate = -self.a_log.exp() * nn.functional.softplus(self.gate_proj(h) + self.dt_bias)  # log α <= 0
+            log_gate = log_gate.T.unsqueeze(0)
+        if self.rule == "titans":
+            log_momentum = nn.functional.logsigmoid(self.momentum_proj(h) + self.momentum_bias).T.unsqueeze(0)
+        if self.rule == "omega":
+            gamma = self.gamma_proj(h).sigmoid().T.unsqueeze(0)
+        return Encoded(keys, beta, log_gate, log_momentum, gamma)
 
     def values(self, y: Tensor, dtype: torch.dtype) -> Tensor:
         """Values ``(1, H, N, V)``: onehot(y) for classification, y for regression, the same for every head."""
         v = nn.functional.one_hot(y, self.num_outputs) if self.task_type == "classification" else y.view(len(y), -1)
         return v.to(dtype).unsqueeze(0).expand(self.num_heads, -1, -1).unsqueeze(0)
 
-    def write(
-        self, keys: Tensor, values: Tensor, beta: Tensor, g: Tensor | None, state: Tensor, prequential: bool = True
-    ) -> tuple[Tensor, Tensor]:
-        """Run the rule from ``state (H, K, V)``: outputs ``(1, H, N, V)`` (read with q = k) and the final state."""
-        s0 = state.unsqueeze(0).to(keys.dtype)  # (1, H, K, V)
-        common = {"initial_state": s0, "prequential": prequential, "chunk_size": self.chunk_size}
-        if self.rule == "linear_attn":
-            o, s = chunk_linear_attn(keys, keys, values, beta, **common)
-        elif self.rule == "decay":
-            o, s = chunk_decay_linear_attn(keys, keys, values, g, beta, **common)
-        elif self.rule == "delta_rule":
-            o, s = chunk_delta_rule(keys, keys, values, beta, **common)
-        elif self.rule == "gated_delta_rule":
-            o, s = chunk_gated_delta_rule(keys, keys, values, beta, g, **common)
-        else:
-            o, s = chunk_longhorn(keys, keys, values, beta, **common)
-        return o, s.squeeze(0)
+    # --- write and read -------------------------------------------------------------------------------------------
 
-    def read(self, state: Tensor, queries: Tensor) -> Tensor:
-        """Readout ``(N, V)`` from ``state (H, K, V)`` and queries ``(1, H, N, K)``, no write."""
-        return self.readout(queries @ state.to(queries.dtype))
+    def write(self, enc: Encoded, values: Tensor, state: State, prequential: bool = True) -> tuple[Tensor, State]:
+        """Run the rule from ``state``: outputs ``(1, H, N, V')`` (read with q = k, before the readout head) and the
+        final state (same structure as ``state``)."""
+        keys, beta, g, log_mu, gamma = enc
+        pairs = self.kv_pairs
+        if pairs > 1:  # P pairs per example: a P-times longer sequence, read at each example's first pair
+            rep = lambda t: None if t is None else t.unsqueeze(3).expand(*t.shape[:3], pairs)  # noqa: E731
+            q, keys, values, beta = expand_pairs(
+                keys, keys, values.unsqueeze(3).expand(-1, -1, -1, pairs, -1), rep(beta)
+            )
+            g, log_mu, gamma = (None if t is None else rep(t).flatten(2, 3) for t in (g, log_mu, gamma))
+        else:
+            q = keys
+        s0 = tuple(t.unsqueeze(0).to(keys.dtype) for t in _as_tuple(state))  # (1, H, ...)
+        common = {"prequential": prequential}
+        chunk = {"chunk_size": self.chunk_size, **common}
+        mini = {"mini_batch_size": self.mini_batch_size, **common}
+        if self.rule == "linear_attn":
+            o, s = chunk_linear_attn(q, keys, values, beta, initial_state=s0[0], **chunk)
+        elif self.rule == "decay":
+            o, s = chunk_decay_linear_attn(q, keys, values, g, beta, initial_state=s0[0], **chunk)
+        elif self.rule == "delta_rule":
+            o, s = chunk_delta_rule(q, keys, values, beta, initial_state=s0[0], **chunk)
+        elif self.rule == "gated_delta_rule":
+            o, s = chunk_gated_delta_rule(q, keys, values, beta, g, initial_state=s0[0], **chunk)
+        elif self.rule == "longhorn":
+            o, s = chunk_longhorn(q, keys, values, beta, initial_state=s0[0], **chunk)
+        elif self.rule == "omega":
+            o, s = chunk_omega_rule(q, keys, values, beta / self.window, gamma, self.window, s0[0], **chunk)
+        elif self.rule == "titans":
+            o, s = chunk_titans_linear(q, keys, values, beta, log_mu, g, initial_state=s0, **mini)
+        elif self.rule == "ttt_linear":
+            v_emb = self.value_embed(values)  # (1, H, N, K)
+            eta = beta * self.ttt_base_lr / self.key_dim  # TTT's eta = (eta_base / d) sigmoid(.), tau_i = 1/i
+            o, s = chunk_ttt_linear(q, keys, v_emb, eta, self.ln_weight, self.ln_bias, initial_state=s0, **mini)
+            o = (o - q) @ self.value_embed.weight  # the residual branch read against each value's embedding
+        else:
+            eta = beta * self.ttt_base_lr / self.key_dim
+            tau = 1.0 / torch.arange(1, self.mini_batch_size + 1, dtype=keys.dtype, device=keys.device)
+            o, s = chunk_ttt_mlp(q, keys, values, eta, initial_state=s0, position_scale=tau, **mini)
+        if pairs > 1:
+            o = pair_outputs(o, pairs)
+        s = tuple(t.squeeze(0) for t in _as_tuple(s))
+        return o, s[0] if len(s) == 1 else s
+
+    def read(self, state: State, queries: Tensor) -> Tensor:
+        """Readout ``(N, V)`` from ``state`` and queries ``(1, H, N, K)`` (or ``(1, H, N, P, K)``), no write."""
+        if queries.dim() == 5:
+            queries = queries.mean(3)  # linear readout: the mean of the P readings
+        s = tuple(t.unsqueeze(0).to(queries.dtype) for t in _as_tuple(state))
+        if self.rule == "ttt_linear":
+            o = ttt_linear_read(queries, s[0], s[1], self.ln_weight.unsqueeze(1), self.ln_bias.unsqueeze(1))
+            o = (o - queries) @ self.value_embed.weight
+        elif self.rule == "ttt_mlp":
+            o = mlp_forward(queries, s)
+        else:
+            o = queries @ s[0]
+        return self.readout(o)
 
     def readout(self, o: Tensor) -> Tensor:
         """Head-averaged ``Sᵀq``, ``(1, H, N, V) -> (N, V)``, times τ for classification logits."""
         o = o.squeeze(0).mean(0)  # (N, V)
         return o * self.log_temperature.exp() if self.task_type == "classification" else o
 
-    def online_predictions(self, x: Tensor, y: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def online_predictions(self, x: Tensor, y: Tensor, state: State) -> tuple[Tensor, State]:
         """Predict-then-write a chunk from ``state``: predictions ``(N, V)`` that never saw their own label, new S."""
-        keys, beta, g = self.encode(x)
-        o, new_state = self.write(keys, self.values(y, keys.dtype), beta, g, state, prequential=True)
+        enc = self.encode(x)
+        o, new_state = self.write(enc, self.values(y, enc.keys.dtype), state, prequential=True)
         return self.readout(o), new_state
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor:
         """Prequential loss on the chunk (online metric), one step on θ, the chunk's final state written back."""
         x, y, _ = batch
         # a copy of the detached state: gradients stop at the chunk start, and the write-back below stays legal
-        start = self.fast_state.clone() if self.protocol == "lifelong" else torch.zeros_like(self.fast_state)
+        if self.protocol == "lifelong":
+            start = tuple(t.clone() for t in _as_tuple(self.live_state()))
+            start = start[0] if len(start) == 1 else start
+        else:
+            start = self.fresh_state()
         pred, new_state = self.online_predictions(x, y, start)
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
-        self.fast_state.copy_(new_state.detach())
+        self._set_state(new_state)
         self.log_task_mean("train/state_norm", self.fast_state.norm())
         return loss
 
-    def recontext_state(self, context_x: Tensor, context_y: Tensor) -> Tensor:
-        """The context written into a fresh (zero) state ``(H, K, V)``."""
-        keys, beta, g = self.encode(context_x)
-        values = self.values(context_y, keys.dtype)
-        return self.write(keys, values, beta, g, torch.zeros_like(self.fast_state), prequential=False)[1]
+    def recontext_state(self, context_x: Tensor, context_y: Tensor) -> State:
+        """The context written into a fresh state (zeros, or the TTT rules' learned initial weights)."""
+        enc = self.encode(context_x)
+        return self.write(enc, self.values(context_y, enc.keys.dtype), self.fresh_state(), prequential=False)[1]
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Recontext reading: the context written into a fresh state, then read (live reading if no context)."""
-        keys = self.encode(query_x)[0]
+        keys = self.encode(query_x).keys
         if context_x.shape[0] == 0:
-            return self.read(self.fast_state, keys)
+            return self.read(self.live_state(), keys)
         return self.read(self.recontext_state(context_x, context_y), keys)
 
     def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
         """The live reading (the live state, no writes), logged under ``*_live_*``."""
-        return {"live": self.read(self.fast_state, self.encode(query_x)[0])}
+        return {"live": self.read(self.live_state(), self.encode(query_x).keys)}
 
     def probe_layers(self) -> dict[str, nn.Module]:
         """The encoder MLP's layers (their ReLU outputs are the hidden features; keys, β and gates are heads)."""
         return {f"body.layers.{i}": layer for i, layer in enumerate(self.body.layers)}
 
     def context_memory_bytes(self) -> int:
-        """Bytes of the fast state S: the learner's whole context memory, constant over the stream."""
-        return self.fast_state.numel() * self.fast_state.element_size()
+        """Bytes of the fast state (every buffer of it): the learner's whole context memory, constant over the
+        stream."""
+        return sum(t.numel() * t.element_size() for t in _as_tuple(self.live_state()))
+
+
+def _as_tuple(state: State) -> tuple[Tensor, ...]:
+    return (state,) if isinstance(state, Tensor) else tuple(state)
