@@ -1,5 +1,6 @@
 """Task streams (benchmarks) and the one data module."""
 
+from cl_lightning.data.associative_recall import AssociativeRecall
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.data.permuted_mnist import PermutedMNIST
 from cl_lightning.data.slowly_changing_regression import SlowlyChangingRegression
@@ -8,6 +9,7 @@ from cl_lightning.data.stream import Episode, StreamBatch, TaskData, TaskStream
 from cl_lightning.data.synthetic import SyntheticClasses
 
 __all__ = [
+    "AssociativeRecall",
     "Episode",
     "PermutedMNIST",
     "SlowlyChangingRegression",

@@ -1,0 +1,56 @@
+import pytest
+import torch
+
+from cl_lightning.data import AssociativeRecall
+
+
+def test_tasks_are_pure_functions_of_seed_and_task():
+    a, b = AssociativeRecall(num_tasks=30, seed=3), AssociativeRecall(num_tasks=30, seed=3)
+    for t in (0, 17, 29):
+        torch.testing.assert_close(a.generate(t).train_x, b.generate(t).train_x)
+    b.generate(5)  # order does not matter
+    torch.testing.assert_close(a.generate(29).query_y, b.generate(29).query_y)
+    assert not torch.equal(a.generate(1).train_x, AssociativeRecall(num_tasks=30, seed=4).generate(1).train_x)
+
+
+@pytest.mark.parametrize(("fraction", "renewed"), [(1.0, 16), (0.25, 4), (0.5, 8)])
+def test_a_fraction_of_the_map_is_renewed_at_each_task(fraction, renewed):
+    stream = AssociativeRecall(num_tasks=20, num_items=16, change_fraction=fraction)
+    for t in range(1, 12):
+        (k0, v0), (k1, v1) = stream.items(t - 1), stream.items(t)
+        changed = (k0 != k1).any(-1)
+        assert changed.sum() == renewed
+        assert torch.equal(v0[~changed], v1[~changed])  # kept items keep their value
+    # an item lives `period` tasks: after 4 tasks at fraction 1/4 every slot is new
+    if fraction == 0.25:
+        assert ((stream.items(3)[0] != stream.items(7)[0]).any(-1)).all()
+
+
+def test_examples_are_noisy_copies_of_the_items_with_their_values():
+    stream = AssociativeRecall(num_tasks=3, num_items=8, noise=0.1)
+    keys, values = stream.items(2)
+    data = stream.generate(2)
+    for x, y in ((data.train_x, data.train_y), (data.query_x, data.query_y)):
+        nearest = torch.cdist(x, keys).argmin(-1)
+        assert torch.equal(values[nearest], y)  # the nearest item's value is the label: recall is possible
+    assert data.train_x.shape == (256, 32)
+    assert data.query_x.shape == (128, 32)
+    assert int(data.train_y.max()) < 10
+
+
+def test_the_task_stream_contract_chunks_and_episodes():
+    stream = AssociativeRecall(num_tasks=2, train_size=100, chunk_size=32)
+    assert stream.num_chunks == 4
+    batch = stream.chunk(1, 3)
+    assert batch.x.shape == (4, 32)
+    assert (batch.task_id == 1).all()
+    episode = stream.episode(1, context_size=50, num_queries=10)
+    assert episode.context_x.shape == (50, 32)
+    assert episode.query_x.shape == (10, 32)
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="change_fraction"):
+        AssociativeRecall(change_fraction=0.0)
+    with pytest.raises(ValueError, match="chunk_size"):
+        AssociativeRecall(train_size=10, chunk_size=32)
