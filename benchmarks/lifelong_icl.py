@@ -1,0 +1,720 @@
+"""Lifelong in-context learning scorecard: the four properties, measured for every learner (issue 14).
+
+McDermott, Heath Jr., Parhi (2026) name four properties lifelong in-context learning needs — (1) an expressive,
+eviction-free context memory, (2) per-token cost independent of the context length, (3) parallelisable updates,
+(4) bounded memory without eviction — and three open questions (objective / regularisation, long-range signal, how
+keys and values are made). This script measures each property for QOA, full attention, kNN and every parametric
+rule at matched context-memory bytes, and runs the open questions as an ablation:
+
+1. **Live recall** (property 1): after task t, each learner predicts the held-out queries of task t - L from its own
+   memory only (``learner(x)``: the live fast state, or the replay buffer as support set), L in {1, 5, 20}, on the
+   AssociativeRecall stream (every task a new key -> value map; chance 1 / 10) and on Permuted MNIST.
+2. **ms per token** early vs late in the stream (property 2).
+3. **Chunked vs recurrent tokens/s** of every op and its scaling with the chunk size (property 3).
+4. **Context bytes** early vs late and examples evicted (property 4).
+5. **Ablation**: each lever's effect on live recall at lags 5 and 20 at (about) fixed state bytes, 3 seeds.
+
+One process, one thread (``torch.set_num_threads(1)``): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
+Usage: ``python benchmarks/lifelong_icl.py [--quick] [--out benchmarks/results/lifelong_icl]``; writes
+``scorecard.json``, ``ablation.md`` and one PNG per property.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cl_lightning.data import AssociativeRecall, PermutedMNIST
+from cl_lightning.data.stream import TaskStream
+from cl_lightning.learners import KNN, FullAttention, ParametricAttention, QueryOnlyAttention
+from cl_lightning.learners.base import ContinualLearner
+
+LAGS = (1, 5, 20)
+STATE_FLOATS = 128 * 10  # the matched budget: a 128 x 10 float32 state, 5,120 bytes
+
+
+@dataclass
+class Spec:
+    """A learner to run: a name, a factory taking the stream, and the Adam learning rate of its slow weights."""
+
+    name: str
+    make: Callable[[TaskStream], ContinualLearner]
+    lr: float = 1e-3
+    tags: dict[str, Any] = field(default_factory=dict)
+
+
+def row_bytes(stream: TaskStream) -> int:
+    """Bytes of one stored example in a replay buffer: x (float32), y and task id (int64)."""
+    return math.prod(stream.input_shape) * 4 + 8 + 8
+
+
+def matched_buffer(stream: TaskStream) -> int:
+    """Examples a replay buffer may hold in the parametric state's bytes (at least 2)."""
+    return max(2, STATE_FLOATS * 4 // row_bytes(stream))
+
+
+def parametric(name: str, hidden: list[int], **kwargs: Any) -> Spec:
+    """A ParametricAttention spec with the stream's shapes linked in."""
+
+    def make(stream: TaskStream) -> ContinualLearner:
+        return ParametricAttention(
+            input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=hidden, **kwargs
+        )
+
+    return Spec(name, make, tags=kwargs)
+
+
+def nonparametric_specs(hidden: list[int]) -> list[Spec]:
+    """QOA, full attention and kNN with FIFO buffers of the matched bytes, and an unbounded kNN as the reference."""
+
+    def qoa(stream: TaskStream) -> ContinualLearner:
+        n = matched_buffer(stream)
+        return QueryOnlyAttention(
+            stream.input_shape,
+            stream.num_outputs,
+            memory_size=n,
+            support_size=n - 1,
+            sampler="uniform",
+            start_when_full=True,
+            hidden=hidden[0],
+            num_hidden_layers=2,
+        )
+
+    def full(stream: TaskStream) -> ContinualLearner:
+        n = matched_buffer(stream)
+        return FullAttention(
+            stream.input_shape, stream.num_outputs, memory_size=n, support_size=n - 1, admit_last=None, num_layers=2
+        )
+
+    def knn(stream: TaskStream) -> ContinualLearner:
+        n = matched_buffer(stream)
+        return KNN(stream.input_shape, stream.num_outputs, memory_size=n, support_size=n, k=1, online_queries=0)
+
+    def knn_all(stream: TaskStream) -> ContinualLearner:
+        n = stream.num_tasks * stream.train_size
+        return KNN(stream.input_shape, stream.num_outputs, memory_size=n, support_size=n, k=1, online_queries=0)
+
+    return [
+        Spec("qoa", qoa, lr=1e-3),
+        Spec("full_attention", full, lr=5e-4),
+        Spec("knn", knn),
+        Spec("knn_unbounded", knn_all, tags={"unbounded": True}),
+    ]
+
+
+def parametric_specs(hidden: list[int]) -> list[Spec]:
+    """Every rule at about STATE_FLOATS floats of state (d_k chosen per rule; the bytes are printed)."""
+    return [
+        parametric("linear_attn", hidden, rule="linear_attn", key_dim=128),
+        parametric("decay", hidden, rule="decay", key_dim=128),
+        parametric("delta_rule", hidden, rule="delta_rule", key_dim=128),
+        parametric("gated_delta_rule", hidden, rule="gated_delta_rule", key_dim=128),
+        parametric("longhorn", hidden, rule="longhorn", key_dim=128),
+        parametric("omega_c4", hidden, rule="omega", key_dim=128, window=4),
+        # W and momentum: 2 x 64 x 10; exact per-token gradients (mini-batches of 16 diverged to NaN at mu 0.9)
+        parametric("titans", hidden, rule="titans", key_dim=64, mini_batch_size=1),
+        parametric("ttt_linear", hidden, rule="ttt_linear", key_dim=36),  # 36 x 36 + 36 = 1,332 floats
+        parametric("ttt_mlp", hidden, rule="ttt_mlp", key_dim=48, mlp_hidden=20),  # 48*20+20+20*10+10 = 1,190
+    ]
+
+
+class Runner:
+    """Runs one learner over a stream as the Trainer would (one optimiser step per chunk), without Lightning's loop.
+
+    ``self.log`` has no trainer to log to here; the warning is silenced. A learner with manual optimisation (QOA)
+    gets its optimiser and ``manual_backward`` wired to plain autograd.
+    """
+
+    def __init__(self, learner: ContinualLearner, lr: float) -> None:
+        self.learner = learner
+        params = [p for p in learner.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.Adam(params, lr=lr) if params else None
+        if not learner.automatic_optimization:
+            learner.optimizers = lambda: self.optimizer  # type: ignore[method-assign]
+            learner.manual_backward = lambda loss, *a, **k: loss.backward()  # type: ignore[method-assign]
+
+    def step(self, batch: Any, index: int) -> None:
+        loss = self.learner.training_step(batch, index)
+        if loss is not None and self.learner.automatic_optimization and self.optimizer is not None:
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+
+    def begin_task(self, task: int) -> None:
+        """What the learner's epoch-start hook does that depends on the task index (the encoder freeze)."""
+        pa = self.learner
+        if isinstance(pa, ParametricAttention) and pa.encoder_training == "frozen_after_first_task" and task >= 1:
+            pa.freeze_keys()
+
+
+def live_accuracy(learner: ContinualLearner, stream: TaskStream, task: int, queries: int) -> float:
+    """Accuracy on task ``task``'s held-out queries read from the learner's memory only (no context given)."""
+    data = stream.task(task)
+    with torch.no_grad():
+        pred = learner(data.query_x[:queries])
+    return (pred.argmax(-1) == data.query_y[:queries]).float().mean().item()
+
+
+def stored_examples(learner: ContinualLearner) -> int:
+    """Examples held in a replay buffer (0 for a fast state)."""
+    buffer = getattr(learner, "buffer", None)
+    return 0 if buffer is None else len(buffer)
+
+
+def run_stream(spec: Spec, stream: TaskStream, eval_last: int, queries: int, seed: int = 0) -> dict[str, Any]:
+    """Train one learner over the stream; live recall at each lag over the last ``eval_last`` tasks, costs."""
+    torch.manual_seed(seed)
+    learner = spec.make(stream)
+    runner = Runner(learner, spec.lr)
+    recall: dict[int, list[float]] = {lag: [] for lag in LAGS}
+    times, seen, bytes_trace = [], 0, []
+    for task in range(stream.num_tasks):
+        runner.begin_task(task)
+        for i in range(stream.num_chunks):
+            batch = stream.chunk(task, i)
+            start = time.perf_counter()
+            runner.step(batch, i)
+            times.append((time.perf_counter() - start) / batch.x.shape[0])
+            seen += batch.x.shape[0]
+        nbytes = stored_examples(learner) * row_bytes(stream) if hasattr(learner, "buffer") else None
+        bytes_trace.append((seen, learner.context_memory_bytes() if nbytes is None else nbytes))
+        if task >= stream.num_tasks - eval_last:
+            for lag in LAGS:
+                if task - lag >= 0:
+                    recall[lag].append(live_accuracy(learner, stream, task - lag, queries))
+    window = max(1, len(times) // 10)
+    evicted = seen - stored_examples(learner) if hasattr(learner, "buffer") else 0
+    return {
+        "recall": {lag: statistics.fmean(v) if v else float("nan") for lag, v in recall.items()},
+        "forward": live_accuracy(learner, stream, stream.num_tasks - 1, queries),
+        "ms_per_token_early": 1e3 * statistics.median(times[:window]),
+        "ms_per_token_late": 1e3 * statistics.median(times[-window:]),
+        "bytes_trace": bytes_trace,
+        "evicted": evicted,
+        "state_bytes": learner.context_memory_bytes() if isinstance(learner, ParametricAttention) else None,
+        "key_coherence": key_coherence(learner, stream, queries) if isinstance(learner, ParametricAttention) else None,
+    }
+
+
+def key_coherence(learner: ParametricAttention, stream: TaskStream, queries: int) -> float:
+    """Mean |cos| between the live keys of queries from the last 21 tasks that belong to different tasks.
+
+    Writes along a key erase what the state holds along every key that is not orthogonal to it, so this number
+    (0 for orthogonal keys) is how much each write disturbs older associations.
+    """
+    tasks = range(max(0, stream.num_tasks - 21), stream.num_tasks)
+    with torch.no_grad():
+        keys = [learner.encode(stream.task(t).query_x[: min(queries, 32)]).keys for t in tasks]
+    owner = torch.cat([torch.full((k.shape[2],), i) for i, k in enumerate(keys)])
+    k = torch.cat(keys, dim=2)
+    k = (k.mean(3) if k.dim() == 5 else k)[0, 0]  # first head, (N, K)
+    cos = (k @ k.T).abs()
+    other = owner[:, None] != owner[None, :]
+    return cos[other].mean().item()
+
+
+# --- property 3: chunked vs recurrent throughput of every op ---------------------------------------------------------
+
+
+def op_cases(tokens: int) -> dict[str, tuple[Callable[..., Any], Callable[..., Any], dict[str, Any], str]]:
+    """Each op's (recurrent reference, chunked form, inputs, name of its chunk argument) at d_k = 128, d_v = 10."""
+    from cl_lightning.ops import (
+        decay,
+        delta_rule,
+        gated_delta_rule,
+        linear_attn,
+        longhorn,
+        omega,
+        titans,
+        ttt_linear,
+        ttt_mlp,
+    )
+
+    gen = torch.Generator().manual_seed(0)
+    key, val = 128, 10
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(1, 1, tokens, *shape, generator=gen)
+
+    keys = torch.nn.functional.normalize(rnd(key), dim=-1)
+    q, v, beta = rnd(key), rnd(val), torch.rand(1, 1, tokens, generator=gen)
+    g = -0.01 * torch.rand(1, 1, tokens, generator=gen)
+    base = {"q": q, "k": keys, "v": v}
+    sq = torch.nn.functional.normalize(rnd(64), dim=-1)
+    mlp_state = (
+        torch.randn(1, 1, 48, 20, generator=gen),
+        torch.zeros(1, 1, 20),
+        torch.zeros(1, 1, 20, val),
+        torch.zeros(1, 1, val),
+    )
+    k48 = torch.nn.functional.normalize(rnd(48), dim=-1)
+    return {
+        "linear_attn": (linear_attn.naive_recurrent_linear_attn, linear_attn.chunk_linear_attn, base, "chunk_size"),
+        "decay": (
+            decay.naive_recurrent_decay_linear_attn,
+            decay.chunk_decay_linear_attn,
+            {**base, "g": g},
+            "chunk_size",
+        ),
+        "delta_rule": (
+            delta_rule.naive_recurrent_delta_rule,
+            delta_rule.chunk_delta_rule,
+            {**base, "beta": beta},
+            "chunk_size",
+        ),
+        "gated_delta_rule": (
+            gated_delta_rule.naive_recurrent_gated_delta_rule,
+            gated_delta_rule.chunk_gated_delta_rule,
+            {**base, "beta": beta, "g": g},
+            "chunk_size",
+        ),
+        "longhorn": (longhorn.naive_recurrent_longhorn, longhorn.chunk_longhorn, {**base, "beta": beta}, "chunk_size"),
+        "omega_c4": (
+            omega.naive_recurrent_omega_rule,
+            omega.chunk_omega_rule,
+            {**base, "beta": beta / 4, "window": 4},
+            "chunk_size",
+        ),
+        "titans": (
+            titans.naive_recurrent_titans_linear,
+            titans.chunk_titans_linear,
+            {**base, "beta": beta, "log_momentum": g, "log_retain": g},
+            "mini_batch_size",
+        ),
+        "ttt_linear": (
+            ttt_linear.naive_recurrent_ttt_linear,
+            ttt_linear.chunk_ttt_linear,
+            {"q": sq, "k": sq, "v": sq, "beta": beta / 64},
+            "mini_batch_size",
+        ),
+        "ttt_mlp": (
+            ttt_mlp.naive_recurrent_ttt_mlp,
+            ttt_mlp.chunk_ttt_mlp,
+            {"q": k48, "k": k48, "v": v, "beta": beta / 48, "initial_state": mlp_state},
+            "mini_batch_size",
+        ),
+    }
+
+
+def _best_time(fn: Callable[[], Any], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def op_throughput(tokens: int, chunk_sizes: list[int], repeats: int) -> dict[str, Any]:
+    """Tokens/s of every op's recurrent reference and of its chunked form at each chunk size (forward, no grad).
+
+    For titans / ttt_* the chunk is the gradient mini-batch, so the reference runs with the same mini-batch (the
+    two compute the same numbers; a different mini-batch is a different rule).
+    """
+    out: dict[str, Any] = {}
+    with torch.no_grad():
+        for name, (naive, chunk, inputs, arg) in op_cases(tokens).items():
+            row: dict[str, Any] = {"chunked": {}}
+            mini = arg == "mini_batch_size"
+            for size in chunk_sizes:
+                row["chunked"][size] = tokens / _best_time(partial(chunk, **inputs, **{arg: size}), repeats)
+            ref_kwargs = {arg: 16} if mini else {}
+            row["recurrent"] = tokens / _best_time(partial(naive, **inputs, **ref_kwargs), 1)
+            row["chunked_at_16"] = tokens / _best_time(partial(chunk, **inputs, **{arg: 16}), repeats)
+            out[name] = row
+    return out
+
+
+# --- the ablation --------------------------------------------------------------------------------------------------
+
+
+def ablation_specs(hidden: list[int]) -> list[tuple[str, str, Spec]]:
+    """(question, lever, spec): each lever against the delta-rule baseline at about 1,280 state floats."""
+    p = parametric
+    return [
+        ("baseline", "delta rule, d_k 128, 1 head", p("delta_rule", hidden, rule="delta_rule", key_dim=128)),
+        ("Q1 objective", "forget gate (gated delta rule)", p("gdn", hidden, rule="gated_delta_rule", key_dim=128)),
+        (
+            "Q1 objective",
+            "weight decay only (titans, mu0 0.01, d_k 64)",
+            p("wd", hidden, rule="titans", key_dim=64, momentum_init=0.01, mini_batch_size=1),
+        ),
+        ("Q1 objective", "4 heads x d_k 32", p("heads4", hidden, rule="delta_rule", key_dim=32, num_heads=4)),
+        ("Q2 long-range", "Omega window c = 2", p("omega2", hidden, rule="omega", key_dim=128, window=2)),
+        ("Q2 long-range", "Omega window c = 4", p("omega4", hidden, rule="omega", key_dim=128, window=4)),
+        ("Q2 long-range", "Omega window c = 8", p("omega8", hidden, rule="omega", key_dim=128, window=8)),
+        (
+            "Q2 long-range",
+            "momentum + wd (titans, mu0 0.9, d_k 64)",
+            p("titans", hidden, rule="titans", key_dim=64, momentum_init=0.9, mini_batch_size=1),
+        ),
+        ("Q2 long-range", "TTT-Linear mini-batch 16 (d_k 36)", p("ttt_linear", hidden, rule="ttt_linear", key_dim=36)),
+        (
+            "Q3 keys/values",
+            "deep memory: TTT-MLP (d_k 48, D_h 20)",
+            p("ttt_mlp", hidden, rule="ttt_mlp", key_dim=48, mlp_hidden=20),
+        ),
+        ("Q3 keys/values", "feature map elu+1", p("elu1", hidden, rule="delta_rule", key_dim=128, feature_map="elu1")),
+        (
+            "Q3 keys/values",
+            "feature map poly2 (11^2 = 121 rows)",
+            p("poly2", hidden, rule="delta_rule", key_dim=121, feature_map="poly2"),
+        ),
+        (
+            "Q3 keys/values",
+            "feature map random Fourier",
+            p("rff", hidden, rule="delta_rule", key_dim=128, feature_map="random_fourier"),
+        ),
+        (
+            "Q3 keys/values",
+            "2 key-value pairs per example",
+            p("kv2", hidden, rule="delta_rule", key_dim=128, kv_pairs=2),
+        ),
+        (
+            "Q3 keys/values",
+            "4 key-value pairs per example",
+            p("kv4", hidden, rule="delta_rule", key_dim=128, kv_pairs=4),
+        ),
+        (
+            "slow-weight drift",
+            "encoder frozen at random init",
+            p("frozen", hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_random"),
+        ),
+        (
+            "slow-weight drift",
+            "encoder frozen after task 0",
+            p("frozen1", hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_after_first_task"),
+        ),
+        ("state size (bytes grow)", "d_k 32", p("k32", hidden, rule="delta_rule", key_dim=32)),
+        ("state size (bytes grow)", "d_k 512", p("k512", hidden, rule="delta_rule", key_dim=512)),
+        ("state size (bytes grow)", "d_k 1024", p("k1024", hidden, rule="delta_rule", key_dim=1024)),
+        (
+            "state size (bytes grow)",
+            "d_k 1024, frozen encoder",
+            p("k1024f", hidden, rule="delta_rule", key_dim=1024, encoder_training="frozen_random"),
+        ),
+    ]
+
+
+# --- figures and tables --------------------------------------------------------------------------------------------
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_recall(card: dict[str, dict[str, Any]], chance: dict[str, float], path: Path) -> None:
+    """Property 1: live recall at each lag, one panel per stream, one bar group per learner."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(card), 1, figsize=(12, 3.6 * len(card)), squeeze=False)
+    for ax, (stream_name, rows) in zip(axes[:, 0], card.items(), strict=True):
+        names = list(rows)
+        width = 0.8 / len(LAGS)
+        for i, lag in enumerate(LAGS):
+            ax.bar(
+                [j + i * width for j in range(len(names))],
+                [rows[n]["recall"][lag] for n in names],
+                width,
+                label=f"lag {lag}",
+            )
+        ax.axhline(chance[stream_name], color="k", ls="--", lw=1, label="chance")
+        ax.set_xticks([j + width for j in range(len(names))], names, rotation=30, ha="right")
+        ax.set_ylabel("live recall (acc.)")
+        ax.set_title(f"(1) live recall of task t - lag from the learner's own memory: {stream_name}")
+        ax.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_cost(card: dict[str, dict[str, Any]], path: Path) -> None:
+    """Property 2: ms per token early vs late in the stream."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(card), figsize=(6.5 * len(card), 4), squeeze=False)
+    for ax, (stream_name, rows) in zip(axes[0], card.items(), strict=True):
+        names = list(rows)
+        x = range(len(names))
+        ax.bar([i - 0.2 for i in x], [rows[n]["ms_per_token_early"] for n in names], 0.4, label="first 10% of steps")
+        ax.bar([i + 0.2 for i in x], [rows[n]["ms_per_token_late"] for n in names], 0.4, label="last 10%")
+        ax.set_yscale("log")
+        ax.set_xticks(list(x), names, rotation=40, ha="right", fontsize=8)
+        ax.set_ylabel("ms per token (train step)")
+        ax.set_title(f"(2) per-token cost, early vs late: {stream_name}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_parallel(ops: dict[str, Any], path: Path) -> None:
+    """Property 3: tokens/s of the chunked form vs chunk size, the recurrent reference as a dotted level."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, row in ops.items():
+        sizes = sorted(row["chunked"], key=int)
+        line = ax.plot([int(s) for s in sizes], [row["chunked"][s] for s in sizes], "o-", label=name)[0]
+        ax.axhline(row["recurrent"], color=line.get_color(), ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("chunk size (mini-batch for titans / ttt_*)")
+    ax.set_ylabel("tokens / s (forward, 1 thread)")
+    ax.set_title("(3) chunked form (lines) vs token-by-token recurrence (dotted)")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_memory(card: dict[str, dict[str, Any]], path: Path) -> None:
+    """Property 4: context bytes over the stream."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(card), figsize=(6.5 * len(card), 4), squeeze=False)
+    for ax, (stream_name, rows) in zip(axes[0], card.items(), strict=True):
+        for name, row in rows.items():
+            seen, nbytes = zip(*row["bytes_trace"], strict=True)
+            style = "--" if row["evicted"] else "-"
+            ax.plot(seen, nbytes, style, label=f"{name} (evicted {row['evicted']:,})")
+        ax.set_yscale("log")
+        ax.set_xlabel("examples seen")
+        ax.set_ylabel("context memory bytes")
+        ax.set_title(f"(4) memory over the stream (dashed: evicts): {stream_name}")
+        ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure_ablation(rows: list[dict[str, Any]], chance: float, path: Path) -> None:
+    """The ablation: live recall at lags 5 and 20 per lever, mean +- std over seeds."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    y = list(range(len(rows)))[::-1]
+    for dy, lag in ((0.18, 5), (-0.18, 20)):
+        ax.barh(
+            [i + dy for i in y],
+            [r[f"mean{lag}"] for r in rows],
+            0.36,
+            xerr=[r[f"std{lag}"] for r in rows],
+            label=f"lag {lag}",
+        )
+    ax.axvline(chance, color="k", ls="--", lw=1, label="chance")
+    ax.set_yticks(y, [f"{r['question']}: {r['lever']}" for r in rows], fontsize=7)
+    ax.set_xlabel("live recall (mean +- std, 3 seeds)")
+    ax.set_title("Open questions as levers: live recall on AssociativeRecall")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(x: float | None, spec: str = ".2f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def scorecard_table(card: dict[str, dict[str, Any]], ops: dict[str, Any]) -> str:
+    """Markdown table: one row per learner and stream."""
+    lines = [
+        "| stream | learner | bytes (late) | recall lag 1 | lag 5 | lag 20 | key \\|cos\\| | ms/token early | late "
+        "| late/early | evicted |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for stream_name, rows in card.items():
+        for name, r in rows.items():
+            rec = r["recall"]
+            ratio = r["ms_per_token_late"] / max(r["ms_per_token_early"], 1e-12)
+            lines.append(
+                f"| {stream_name} | {name} | {r['bytes_trace'][-1][1]:,} | {_fmt(rec[1])} | {_fmt(rec[5])} | "
+                f"{_fmt(rec[20])} | {_fmt(r['key_coherence'])} | {r['ms_per_token_early']:.3f} | "
+                f"{r['ms_per_token_late']:.3f} | {ratio:.2f} | {r['evicted']:,} |"
+            )
+    lines += [
+        "",
+        "| op | recurrent tok/s | chunked tok/s (C = 16) | ratio | best C | tok/s at best C |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, row in ops.items():
+        best = max(row["chunked"], key=lambda c: row["chunked"][c])
+        lines.append(
+            f"| {name} | {row['recurrent']:,.0f} | {row['chunked_at_16']:,.0f} | "
+            f"{row['chunked_at_16'] / row['recurrent']:.1f} | {best} | {row['chunked'][best]:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def ablation_table(rows: list[dict[str, Any]], capacity: list[dict[str, Any]]) -> str:
+    """Markdown table of the ablation (mean +- std over seeds) and of the capacity sweep."""
+    lines = [
+        "| question | lever | state bytes | live recall lag 5 | lag 20 | forward (lag 0) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['question']} | {r['lever']} | {r['bytes']:,} | {r['mean5']:.3f} ± {r['std5']:.3f} | "
+            f"{r['mean20']:.3f} ± {r['std20']:.3f} | {r['forward']:.2f} |"
+        )
+    lines += [
+        "",
+        "| associations per task | after 5 tasks (newer ones) | live recall lag 1 | lag 5 | lag 20 |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    for r in capacity:
+        lines.append(
+            f"| {r['items']} | {5 * r['items']} | {r['mean1']:.3f} ± {r['std1']:.3f} | "
+            f"{r['mean5']:.3f} ± {r['std5']:.3f} | {r['mean20']:.3f} ± {r['std20']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> dict:
+    """Every learner on both streams (seed 0): recall at each lag, cost per token, bytes and evictions."""
+    streams = {
+        "AssociativeRecall": (recall_stream(0), hidden, 128),
+        "PermutedMNIST": (
+            PermutedMNIST(num_tasks=args.tasks, train_size=args.pmnist_train, query_size=200, chunk_size=100, seed=0),
+            [256],
+            200,
+        ),
+    }
+    card: dict[str, dict[str, Any]] = {}
+    for stream_name, (stream, width, queries) in streams.items():
+        card[stream_name] = {}
+        for spec in nonparametric_specs(width) + parametric_specs(width):
+            t0 = time.perf_counter()
+            r = run_stream(spec, stream, eval_last=5, queries=queries)
+            card[stream_name][spec.name] = r
+            recall = " ".join(f"L{lag} {_fmt(v)}" for lag, v in r["recall"].items())
+            print(
+                f"{stream_name:<18}{spec.name:<18} recall {recall}  forward {_fmt(r['forward'])}  "
+                f"bytes {r['bytes_trace'][-1][1]:,}  ({time.perf_counter() - t0:.0f} s)",
+                flush=True,
+            )
+    return card
+
+
+def run_ablation(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> list:
+    """Each lever on AssociativeRecall over ``args.seeds`` seeds (stream and learner seeded alike)."""
+    rows = []
+    for question, lever, spec in ablation_specs(hidden):
+        runs = [
+            run_stream(spec, recall_stream(seed), eval_last=5, queries=128, seed=seed) for seed in range(args.seeds)
+        ]
+        m5, s5 = _mean_std([r["recall"][5] for r in runs])
+        m20, s20 = _mean_std([r["recall"][20] for r in runs])
+        rows.append(
+            {
+                "question": question,
+                "lever": lever,
+                "name": spec.name,
+                "bytes": runs[0]["state_bytes"],
+                "mean5": m5,
+                "std5": s5,
+                "mean20": m20,
+                "std20": s20,
+                "forward": statistics.fmean(r["forward"] for r in runs),
+                "key_coherence": statistics.fmean(r["key_coherence"] for r in runs),
+            }
+        )
+        print(f"ablation {lever:<48} lag5 {m5:.3f}±{s5:.3f}  lag20 {m20:.3f}±{s20:.3f}", flush=True)
+    return rows
+
+
+def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> list:
+    """The delta-rule baseline's live recall against the associations written per task (2 ... 32)."""
+    spec = parametric("delta_rule", hidden, rule="delta_rule", key_dim=128)
+    capacity = []
+    for items in (2, 4, 8, 16, 32):
+        runs = [
+            run_stream(spec, recall_stream(seed, items), eval_last=5, queries=128, seed=seed)
+            for seed in range(args.seeds)
+        ]
+        row: dict[str, Any] = {"items": items}
+        for lag in LAGS:
+            row[f"mean{lag}"], row[f"std{lag}"] = _mean_std([r["recall"][lag] for r in runs])
+        capacity.append(row)
+        print(f"capacity items {items:>3}: lag5 {row['mean5']:.3f}±{row['std5']:.3f}", flush=True)
+    return capacity
+
+
+def main() -> None:
+    """Run the scorecard, the op throughput, the ablation and the capacity sweep; write JSON, tables, figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lifelong_icl"))
+    parser.add_argument("--tasks", type=int, default=25, help="tasks per stream (>= 21 for lag 20)")
+    parser.add_argument("--items", type=int, default=8, help="AssociativeRecall associations per task")
+    parser.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
+    parser.add_argument("--pmnist-train", type=int, default=5_000, help="Permuted-MNIST training images per task")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops", "ablation", "capacity"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*self.trainer.*")
+    warnings.filterwarnings("ignore", message=".*self.log.*")
+    if args.quick:
+        args.tasks, args.seeds, args.pmnist_train, args.tokens = 21, 1, 500, 256
+    args.out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    hidden = [128]
+
+    def recall_stream(seed: int, items: int | None = None) -> AssociativeRecall:
+        return AssociativeRecall(
+            num_tasks=args.tasks,
+            num_items=items or args.items,
+            input_dim=args.input_dim,
+            train_size=256,
+            query_size=128,
+            chunk_size=32,
+            seed=seed,
+        )
+
+    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
+    card = run_scorecard(args, hidden, recall_stream) if "scorecard" not in args.skip else {}
+    ops = op_throughput(args.tokens, [8, 16, 32, 64, 128, 256], repeats=2) if "ops" not in args.skip else {}
+    for name, row in ops.items():
+        print(f"op {name:<18} recurrent {row['recurrent']:>10,.0f} tok/s  chunked(16) {row['chunked_at_16']:>10,.0f}")
+    rows = run_ablation(args, hidden, recall_stream) if "ablation" not in args.skip else []
+    capacity = run_capacity(args, hidden, recall_stream) if "capacity" not in args.skip else []
+    result.update({"scorecard": card, "ops": ops, "ablation": rows, "capacity": capacity})
+    result["seconds"] = time.perf_counter() - started
+    (args.out / "scorecard.json").write_text(json.dumps(result, indent=1, default=str))
+    if card:
+        figure_recall(card, dict.fromkeys(card, 1 / 10), args.out / "property1_live_recall.png")
+        figure_cost(card, args.out / "property2_cost_per_token.png")
+        figure_memory(card, args.out / "property4_memory.png")
+    if ops:
+        figure_parallel(ops, args.out / "property3_chunked_vs_recurrent.png")
+    if rows:
+        figure_ablation(rows, 0.1, args.out / "ablation.png")
+    tables = (
+        (scorecard_table(card, ops) if card and ops else "")
+        + "\n\n"
+        + (ablation_table(rows, capacity) if rows and capacity else "")
+    )
+    (args.out / "tables.md").write_text(tables)
+    print(tables)
+    print(f"\ntotal {result['seconds'] / 60:.1f} min; results in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
