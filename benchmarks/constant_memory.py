@@ -11,7 +11,8 @@ parametric learners' stay flat. Learners:
 - ``full_attention``: FullAttention as the paper (FIFO buffer of 100, 99 supports), if that learner exists;
 - ``qoa_read_all``: the cost of *reading* the whole buffer with QOA's scorer (one query, no cap, no training):
   nonparametric attention over all the context seen, the cost that grows without bound;
-- ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol).
+- ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol);
+  any other rule name (``omega``, ``titans``, ``ttt_mlp``, ...) runs ParametricAttention with that rule.
 
 Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``.
 """
@@ -24,15 +25,18 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable
+from typing import get_args
 
 import torch
 
 from cl_lightning.data import PermutedMNIST
 from cl_lightning.learners import ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.learners.parametric_attention import RuleName
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
 CHUNK = 400
+PARAMETRIC_RULES = get_args(RuleName)
 
 
 def _buffer_bytes(buffer: ReplayBuffer) -> int:
@@ -44,7 +48,7 @@ def _buffer_bytes(buffer: ReplayBuffer) -> int:
 def context_bytes(learner: ContinualLearner) -> int:
     """Bytes of the learner's context memory: its fast state, or its replay buffer's stored examples."""
     if isinstance(learner, ParametricAttention):
-        return learner.fast_state.numel() * learner.fast_state.element_size()
+        return learner.context_memory_bytes()  # every buffer of the fast state (W and momentum for titans, ...)
     return _buffer_bytes(learner.buffer)
 
 
@@ -139,9 +143,9 @@ def main() -> None:
     print(f"\nlate / early ratios ({points[-1]:,} vs {points[0]:,} examples):")
     for name, t_ratio, b_ratio in verdicts:
         flat = 0.67 <= t_ratio <= 1.5 and b_ratio == 1.0
-        tag = ("flat" if flat else "NOT flat") if name in ("delta_rule", "gated_delta_rule") else ""
+        tag = ("flat" if flat else "NOT flat") if name in PARAMETRIC_RULES else ""
         print(f"  {name:<18} time x{t_ratio:6.2f}   bytes x{b_ratio:8.2f}   {tag}")
-    parametric = [v for v in verdicts if v[0] in ("delta_rule", "gated_delta_rule")]
+    parametric = [v for v in verdicts if v[0] in PARAMETRIC_RULES]
     if parametric:
         ok = all(0.67 <= t <= 1.5 and b == 1.0 for _, t, b in parametric)
         print(

@@ -599,6 +599,8 @@ def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Ca
     for stream_name, (stream, width, queries) in streams.items():
         card[stream_name] = {}
         for spec in nonparametric_specs(width) + parametric_specs(width):
+            if spec.name == "longhorn" and stream_name == "PermutedMNIST":
+                continue  # its chunked form runs at ~4 ms/token here (property 3 shows why); recall stream only
             t0 = time.perf_counter()
             r = run_stream(spec, stream, eval_last=5, queries=queries)
             card[stream_name][spec.name] = r
@@ -662,7 +664,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=25, help="tasks per stream (>= 21 for lag 20)")
     parser.add_argument("--items", type=int, default=8, help="AssociativeRecall associations per task")
     parser.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
-    parser.add_argument("--pmnist-train", type=int, default=5_000, help="Permuted-MNIST training images per task")
+    parser.add_argument("--pmnist-train", type=int, default=2_000, help="Permuted-MNIST training images per task")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
