@@ -127,7 +127,8 @@ class ParametricAttention(ContinualLearner):
         feature_map: Key/query map φ applied before L2 normalisation: ``"identity"``, ``"elu1"``, ``"poly2"``
             (key_dim must be a square: the key projection has √key_dim outputs) or ``"random_fourier"``.
         kv_pairs: Key–value pairs written per example (the key projection makes P keys, each paired with the
-            example's value; the example is read with the mean of its P queries); linear-readout rules only.
+            example's value; the example is read with the mean of its P queries); linear-readout rules only. Gates,
+            windows and mini-batches count pairs, not examples (a gate applies at every pair's write).
         encoder_training: ``"online"`` (the key path trained with the rest), ``"frozen_random"`` (encoder, body
             and key projection never trained) or ``"frozen_after_first_task"``.
         ttt_base_lr: eta_base of the TTT rules, whose per-token rate is (eta_base / d_k) β with TTT's position
@@ -295,11 +296,9 @@ class ParametricAttention(ContinualLearner):
         keys, beta, g, log_mu, gamma = enc
         pairs = self.kv_pairs
         if pairs > 1:  # P pairs per example: a P-times longer sequence, read at each example's first pair
-            rep = lambda t: None if t is None else t.unsqueeze(3).expand(*t.shape[:3], pairs)  # noqa: E731
-            q, keys, values, beta = expand_pairs(
-                keys, keys, values.unsqueeze(3).expand(-1, -1, -1, pairs, -1), rep(beta)
-            )
-            g, log_mu, gamma = (None if t is None else rep(t).flatten(2, 3) for t in (g, log_mu, gamma))
+            values = values.unsqueeze(3).expand(-1, -1, -1, pairs, -1)  # every pair carries the example's value
+            q, keys, values, beta = expand_pairs(keys, keys, values, _per_pair(beta, pairs))
+            g, log_mu, gamma = (None if t is None else _per_pair(t, pairs).flatten(2, 3) for t in (g, log_mu, gamma))
         else:
             q = keys
         s0 = tuple(t.unsqueeze(0).to(keys.dtype) for t in _as_tuple(state))  # (1, H, ...)
@@ -399,6 +398,11 @@ class ParametricAttention(ContinualLearner):
         """Bytes of the fast state (every buffer of it): the learner's whole context memory, constant over the
         stream."""
         return sum(t.numel() * t.element_size() for t in _as_tuple(self.live_state()))
+
+
+def _per_pair(t: Tensor, pairs: int) -> Tensor:
+    """A per-example gate ``(1, H, N)`` repeated for each of its pairs: ``(1, H, N, P)``."""
+    return t.unsqueeze(3).expand(*t.shape[:3], pairs)
 
 
 def _as_tuple(state: State) -> tuple[Tensor, ...]:
