@@ -1,0 +1,297 @@
+"""Read a suite's runs as the paper's figures and table: ``python -m cl_lightning report logs/<suite>``.
+
+Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
+through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins), and writes
+``<suite>/report/``:
+
+- ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
+  experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
+  then both averaged over windows of ``T // 80`` tasks (the authors' plotting: the band is the window mean of the
+  per-task std, numpy's population std);
+- ``online.png``: the prequential (online) score, the same way;
+- ``hessian_eff_rank.png``: the last layer's Hessian effective rank where it was measured, raw and, as the paper's
+  Figure 4, min–max normalised per seed before averaging;
+- ``matrix_<experiment>.png``: the probe-set accuracy matrix R, averaged over seeds;
+- ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
+  backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
+  forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
+  (``cl_lightning/published.yaml``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from cl_lightning.callbacks.forgetting import window_means
+
+SCALARS = ("forward", "backward", "online")
+
+
+def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict[str, dict[int, float]]:
+    """Every scalar of the event files in ``log_dir`` as ``{tag: {step: value}}``; a step written twice (a resumed
+    run redoing the steps after its checkpoint) keeps the later value (event files are read oldest first)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 1, "tensors": 1, "histograms": 1})
+    acc.Reload()
+    wanted = acc.Tags()["scalars"] if tags is None else [t for t in tags if t in acc.Tags()["scalars"]]
+    return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in wanted}
+
+
+def per_task(scalars: dict[str, dict[int, float]], num_tasks: int) -> dict[str, np.ndarray]:
+    """``{tag: (num_tasks,) array}``: each value at the task (Lightning's ``epoch`` scalar at the same step) it was
+    logged for, NaN where a tag was not logged (backward before task ``lag``, Hessian between measurements)."""
+    task_of = {step: int(v) for step, v in scalars.get("epoch", {}).items()}
+    out = {}
+    for tag, series in scalars.items():
+        values = np.full(num_tasks, np.nan)
+        for step, v in series.items():
+            task = task_of.get(step)
+            if task is not None and task < num_tasks:
+                values[task] = v
+        out[tag] = values
+    return out
+
+
+def seed_band(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The paper's curve of a ``(seeds, tasks)`` array: per task the mean and population std over seeds (NaN
+    seeds skipped), each then averaged over non-overlapping ``window``-task windows. Returns (window centres,
+    mean, std), only for windows holding a value.
+
+    >>> c, m, s = seed_band(np.array([[1.0, 3.0, 5.0, 7.0], [3.0, 3.0, 7.0, 7.0]]), 2)
+    >>> c.tolist(), m.tolist(), s.tolist()
+    [[0.5, 2.5], [2.5, 6.5], [0.5, 0.5]]
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tasks stay NaN
+        mean, std = np.nanmean(rows, axis=0), np.nanstd(rows, axis=0)
+    centres, m = window_means(mean, window)
+    return centres, m, window_means(std, window)[1]
+
+
+def final_window(rows: np.ndarray, window: int) -> tuple[float, float, int]:
+    """Mean and population std over seeds of each seed's mean over the last ``window`` tasks, and the number of
+    seeds that have a value there.
+
+    >>> final_window(np.array([[0.0, 0.2, 0.4], [0.0, 0.6, 0.8]]), 2)
+    (0.5, 0.2, 2)
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_seed = np.nanmean(rows[:, -window:], axis=1)
+    per_seed = per_seed[~np.isnan(per_seed)]
+    if not per_seed.size:
+        return math.nan, math.nan, 0
+    return float(per_seed.mean()), float(per_seed.std()), int(per_seed.size)
+
+
+def last_value(rows: np.ndarray) -> tuple[float, float, int]:
+    """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
+    finals = []
+    for row in rows:
+        seen = row[~np.isnan(row)]
+        if seen.size:
+            finals.append(seen[-1])
+    if not finals:
+        return math.nan, math.nan, 0
+    return float(np.mean(finals)), float(np.std(finals)), len(finals)
+
+
+def minmax_per_seed(rows: np.ndarray) -> np.ndarray:
+    """Each seed's series scaled to [0, 1] over its measured tasks, as the authors normalise effective ranks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanmin(rows, axis=1, keepdims=True), np.nanmax(rows, axis=1, keepdims=True)
+    span = np.where(hi > lo, hi - lo, np.nan)
+    return (rows - lo) / span
+
+
+@dataclass
+class Experiment:
+    """One experiment's trials: per-task curves stacked over seeds, and each trial's record."""
+
+    name: str
+    label: str
+    num_tasks: int
+    metric: str
+    seeds: list[int] = field(default_factory=list)
+    curves: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    stream: str | None = None
+    published: str | None = None
+
+    def rows(self, tag: str) -> np.ndarray:
+        """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
+        empty = np.full(self.num_tasks, np.nan)
+        return np.stack([c if c is not None else empty for c in self.curves.get(tag, [None] * len(self.seeds))])
+
+    def add(self, seed: int, curves: dict[str, np.ndarray], record: dict[str, Any]) -> None:
+        """Add one seed's curves (tags missing from earlier seeds or from this one are NaN-padded)."""
+        for tag in set(self.curves) | set(curves):
+            self.curves.setdefault(tag, [None] * len(self.seeds)).append(curves.get(tag))
+        self.seeds.append(seed)
+        self.records.append(record)
+
+    @property
+    def window(self) -> int:
+        """The plots' window: ``T // 80`` tasks (about the paper's 75–100 points), at least one."""
+        return max(1, self.num_tasks // 80)
+
+
+def _trial_dirs(suite_dir: Path, order: Sequence[str]) -> dict[str, list[tuple[int, Path]]]:
+    found: dict[str, list[tuple[int, Path]]] = {}
+    for d in sorted(suite_dir.glob("*/seed_*")):
+        if d.is_dir() and any(d.glob("events.out.tfevents.*")):
+            found.setdefault(d.parent.name, []).append((int(d.name.removeprefix("seed_")), d))
+    ranked = {name: i for i, name in enumerate(order)}
+    return dict(sorted(found.items(), key=lambda kv: (ranked.get(kv[0], len(ranked)), kv[0])))
+
+
+def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, Any]]:
+    """Every trial with events under ``suite_dir``, grouped by experiment (suite order when ``suite.yaml`` is
+    there, else alphabetical) and seed."""
+    suite_dir = Path(suite_dir)
+    meta_path = suite_dir / "suite.yaml"
+    meta = yaml.safe_load(meta_path.read_text()) if meta_path.exists() else {}
+    experiments = []
+    for name, trials in _trial_dirs(suite_dir, meta.get("experiments") or []).items():
+        exp = None
+        for seed, d in sorted(trials):
+            config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
+            scalars = read_scalars(d)
+            logged = max(scalars.get("epoch", {0: 0}).values()) + 1
+            num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged)
+            if exp is None:
+                metric = "acc" if "eval/forward_acc" in scalars or "train/online_acc" in scalars else "mse"
+                stream = str(config.get("data", {}).get("stream", {}).get("class_path", "")).rsplit(".", 1)[-1]
+                label = (meta.get("labels") or {}).get(name, name)
+                published = (meta.get("published") or {}).get(name)
+                exp = Experiment(name, label, num_tasks, metric, stream=stream or None, published=published)
+            record = json.loads((d / "trial.json").read_text()) if (d / "trial.json").exists() else {}
+            exp.add(seed, per_task(scalars, exp.num_tasks), record)
+        experiments.append(exp)
+    return experiments, meta
+
+
+def published_numbers() -> dict[str, Any]:
+    """The paper's numbers (``cl_lightning/published.yaml``)."""
+    return yaml.safe_load(resources.files("cl_lightning").joinpath("published.yaml").read_text())
+
+
+def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
+    """The paper's numbers for this experiment: benchmark from the suite (or the stream class), method from the
+    suite's ``published`` key (or the experiment's name when it is a method key)."""
+    benchmarks = paper["benchmarks"]
+    bench = meta.get("benchmark") or next((k for k, b in benchmarks.items() if b["stream"] == exp.stream), None)
+    methods = benchmarks.get(bench, {}).get("methods", {})
+    return methods.get(exp.published or exp.name, {})
+
+
+def paper_text(entry: dict[str, Any] | None, key: str = "end") -> str:
+    """``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper has no such value."""
+    if not entry or key not in entry:
+        return ""
+    v = entry[key]
+    value = f"{v[0]:.3g}–{v[1]:.3g}" if isinstance(v, list) else f"{v:.3g}"
+    return f"{value} (Fig. {entry['figure']}, p. {entry['page']})"
+
+
+def paper_seconds(entry: dict[str, Any] | None) -> str:
+    """The appendix table's wall clock as seconds per task, e.g. ``3.1 (Tab. 1, p. 13)``."""
+    if not entry:
+        return ""
+    return f"{entry['hours'] * 3600 / entry['tasks']:.3g} (Tab. {entry['table']}, p. {entry['page']})"
+
+
+def _pm(mean: float, std: float, digits: int = 3) -> str:
+    return "—" if math.isnan(mean) else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per experiment: the numbers of ``table.csv`` (means, stds, the paper's values as text)."""
+    paper, rows = published_numbers(), []
+    for exp in experiments:
+        entry, m = paper_entry(exp, meta, paper), exp.metric
+        final = max(exp.window, min(exp.num_tasks, 5))
+        row: dict[str, Any] = {"experiment": exp.name, "label": exp.label, "seeds": len(exp.seeds)}
+        row |= {"tasks": exp.num_tasks, "final_window": final}
+        for what, tag in zip(SCALARS, (f"eval/forward_{m}", f"eval/backward_{m}", f"train/online_{m}"), strict=True):
+            mean, std, _ = final_window(exp.rows(tag), final)
+            row |= {f"{what}_mean": mean, f"{what}_std": std, f"{what}_paper": paper_text(entry.get(what))}
+        for what in ("avg", "bwt", "fwt", "forgetting"):
+            mean, std, _ = last_value(exp.rows(f"forgetting/{what}"))
+            row |= {f"{what}_mean": mean, f"{what}_std": std}
+        walls = [sum(a["wall_seconds"] for a in r.get("attempts", [])) for r in exp.records if r]
+        peaks = [max(a["peak_rss_bytes"] for a in r["attempts"]) for r in exp.records if r.get("attempts")]
+        train = exp.rows("cost/task_seconds")
+        row["seconds_per_task"] = float(np.mean(walls)) / exp.num_tasks if walls else math.nan
+        row["train_seconds_per_task"] = float(np.nanmean(train)) if not np.isnan(train).all() else math.nan
+        row["seconds_per_task_paper"] = paper_seconds(entry.get("wall_clock"))
+        row["peak_rss_gib"] = float(np.mean(peaks)) / 2**30 if peaks else math.nan
+        row["metric"] = m
+        rows.append(row)
+    return rows
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
+    """Write ``table.csv`` and ``table.md``; return the Markdown."""
+    with open(out / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    head = (
+        "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
+        "| s/task | paper s/task | peak GiB |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        cells = [r["label"], str(r["seeds"]), str(r["tasks"])]
+        cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
+        cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
+        cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
+        cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
+        cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    metric = rows[0]["metric"]
+    notes = (
+        f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
+        "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
+        "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
+        "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
+        "at its full length: they compare with a run of the same length only.\n"
+    )
+    text = "\n".join(lines) + "\n" + notes
+    (out / "table.md").write_text(text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m cl_lightning report``."""
+    from cl_lightning.report_figures import write_figures  # matplotlib only when drawing
+
+    p = argparse.ArgumentParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
+    p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
+    opts = p.parse_args(argv)
+    suite_dir = Path(opts.suite_dir)
+    experiments, meta = load_suite_runs(suite_dir)
+    if not experiments:
+        raise SystemExit(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
+    out = suite_dir / "report"
+    out.mkdir(exist_ok=True)
+    text = write_table(table_rows(experiments, meta), out)
+    figures = write_figures(experiments, out)
+    print(text)
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *figures]))
+    return 0

@@ -1,0 +1,123 @@
+"""The figures of ``python -m cl_lightning report``: every experiment of a suite on one axis, mean ± std over seeds.
+
+The paper's Figures 1–3 (forward and backward score over tasks, windows of ``T // 80`` tasks), the online score,
+its Figure 4 (Hessian effective rank, min–max normalised per seed) and one accuracy-matrix heatmap per experiment.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from cl_lightning.callbacks.forgetting import accuracy_matrix_figure
+from cl_lightning.report import Experiment, minmax_per_seed, seed_band
+
+_NAMES = {"acc": "accuracy", "mse": "MSE"}
+
+
+def _band(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, color: str) -> None:
+    """One experiment's mean line and ± std band (nothing when it never logged the tag)."""
+    if np.isnan(rows).all():
+        return
+    x, mean, std = seed_band(rows, window)
+    per = f", {window}-task windows" if window > 1 else ""
+    ax.plot(
+        x,
+        mean,
+        color=color,
+        lw=1.4,
+        marker="." if x.size < 40 else None,
+        label=f"{exp.label} ({len(exp.seeds)} seeds{per})",
+    )
+    ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, lw=0)
+
+
+def _colours(experiments: Sequence[Experiment]) -> dict[str, str]:
+    return {exp.name: f"C{i % 10}" for i, exp in enumerate(experiments)}
+
+
+def curves_figure(experiments: Sequence[Experiment], panels: Sequence[tuple[str, str]]) -> Figure:
+    """One panel per ``(tag pattern, title)`` (``{m}`` = each experiment's metric), all experiments on each."""
+    fig = Figure(figsize=(6.2 * len(panels), 4.2), dpi=110)
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    colours = _colours(experiments)
+    metrics = {exp.metric for exp in experiments}
+    for ax, (pattern, title) in zip(axes, panels, strict=True):
+        for exp in experiments:
+            _band(ax, exp, exp.rows(pattern.format(m=exp.metric)), exp.window, colours[exp.name])
+        ax.set_title(title)
+        ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
+        ax.set_xlabel("task")
+        ax.set_ylabel(" / ".join(_NAMES.get(m, m) for m in sorted(metrics)))
+        if metrics == {"mse"}:
+            ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    return fig
+
+
+def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
+    """Hessian effective rank at the tasks where it was measured: raw, and min–max normalised per seed."""
+    measured = [e for e in experiments if not np.isnan(e.rows("hessian/eff_rank")).all()]
+    if not measured:
+        return None
+    fig = Figure(figsize=(12.4, 4.2), dpi=110)
+    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
+    raw, norm = fig.subplots(1, 2)
+    colours = _colours(experiments)
+    for exp in measured:
+        rows = exp.rows("hessian/eff_rank")
+        keep = ~np.isnan(rows).all(axis=0)  # only the tasks where it was measured
+        tasks = np.flatnonzero(keep)
+        for ax, values in ((raw, rows[:, keep]), (norm, minmax_per_seed(rows[:, keep]))):
+            at, mean, std = seed_band(values, 1)  # `at`: indices into the measured tasks
+            x = tasks[at.astype(int)]
+            ax.plot(x, mean, color=colours[exp.name], marker=".", lw=1.4, label=exp.label)
+            ax.fill_between(x, mean - std, mean + std, color=colours[exp.name], alpha=0.15, lw=0)
+    raw.set_title("Hessian effective rank (last layer)")
+    norm.set_title("min–max normalised per seed (the paper's Figure 4)")
+    for ax in (raw, norm):
+        ax.set_xlabel("task")
+        ax.grid(alpha=0.3)
+    raw.legend(fontsize=7, loc="best")
+    return fig
+
+
+def matrix_figure(exp: Experiment) -> Figure | None:
+    """The probe-set matrix R averaged over seeds (cells no seed measured stay blank)."""
+    prefix = f"eval/{exp.metric}_matrix/task_"
+    probes = sorted(int(tag.removeprefix(prefix)) for tag in exp.curves if tag.startswith(prefix))
+    if not probes:
+        return None
+    # (seeds, rows = probe tasks, cols = probe tasks): R[i, j] logged at the end of probe task i
+    stacked = np.stack([exp.rows(f"{prefix}{j}")[:, probes] for j in probes], axis=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # cells no seed measured
+        mean = np.nanmean(stacked, axis=0)
+    fig = accuracy_matrix_figure(mean, probes, None, exp.metric)
+    fig.axes[0].set_title(f"{exp.label}: {exp.metric} matrix R[i, j], mean of {len(exp.seeds)} seeds", fontsize=9)
+    return fig
+
+
+def write_figures(experiments: Sequence[Experiment], out: Path) -> list[str]:
+    """Draw every figure into ``out``; return the file names written."""
+    figures: dict[str, Figure | None] = {
+        "forward_backward.png": curves_figure(
+            experiments, [("eval/forward_{m}", "forward (current task)"), ("eval/backward_{m}", "backward (past task)")]
+        ),
+        "online.png": curves_figure(experiments, [("train/online_{m}", "online (prequential)")]),
+        "hessian_eff_rank.png": rank_figure(experiments),
+    }
+    figures |= {f"matrix_{exp.name}.png": matrix_figure(exp) for exp in experiments}
+    written = []
+    for name, fig in figures.items():
+        if fig is not None:
+            fig.savefig(out / name)
+            written.append(name)
+    return written

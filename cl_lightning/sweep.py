@@ -1,0 +1,359 @@
+"""Suites of experiments × seeds: ``python -m cl_lightning sweep configs/suites/X.yaml``.
+
+A suite file names experiment configs (each a list of ``--config`` files: a complete config plus overlays, and
+optional extra command-line arguments) and the seeds to run them with::
+
+    seeds: [0, 1, 2]
+    benchmark: pmnist            # key into cl_lightning/published.yaml (the paper's numbers)
+    args: [--trainer.enable_progress_bar=false]   # for every trial
+    experiments:
+      bp:
+        label: Backprop
+        published: bp            # the paper's method key under `benchmark`
+        configs: [configs/bp_pmnist.yaml, configs/quick.yaml]
+        args: []
+
+Every (experiment, seed) is one trial: a normal ``python -m cl_lightning fit`` in its own process (a crash ends
+that trial only), logging into ``logs/<suite>/<experiment>/seed_<s>/`` (fixed logger save_dir, name and version,
+so a resumed trial writes into the same folder). The seed reaches every source of randomness: ``seed_everything``
+(initialisation), ``data.stream.init_args.seed`` (permutations, class pairs, regression targets, splits) and
+``model.init_args.seed`` (the learner's own draws: support sets, admissions, CBP's redrawn units).
+
+A trial is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` in its folder
+then says so, and a re-run skips it. An unfinished trial with ``checkpoints/last.ckpt`` resumes from it.
+
+Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
+``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
+folder must then be on a file system every node sees). Without Ray they run one after another.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One (experiment, seed) of a suite: the arguments of its ``fit`` and where it logs.
+
+    Args:
+        suite: Suite name (the folder under the log root).
+        name: Experiment name (the folder under the suite).
+        seed: The seed given to ``seed_everything``, the stream and the learner.
+        configs: ``--config`` files, in order (a complete config, then overlays).
+        args: Further command-line arguments of ``fit``.
+    """
+
+    suite: str
+    name: str
+    seed: int
+    configs: tuple[str, ...]
+    args: tuple[str, ...] = ()
+
+    def log_dir(self, root: str | Path) -> Path:
+        """``<root>/<suite>/<name>/seed_<seed>``: the TensorBoard folder of this trial."""
+        return Path(root) / self.suite / self.name / f"seed_{self.seed}"
+
+    def fit_args(self, root: str | Path, ckpt_path: str | Path | None = None) -> list[str]:
+        """The arguments after ``python -m cl_lightning``: configs, then seeds and logger, then the trial's own."""
+        args = ["fit"]
+        for config in self.configs:
+            args += ["--config", config]
+        s = str(self.seed)
+        args += ["--seed_everything", s, "--data.stream.init_args.seed", s, "--model.init_args.seed", s]
+        args += [
+            "--trainer.logger.init_args.save_dir",
+            str(Path(root) / self.suite),
+            "--trainer.logger.init_args.name",
+            self.name,
+            "--trainer.logger.init_args.version",
+            f"seed_{self.seed}",
+        ]
+        args += list(self.args)
+        if ckpt_path is not None:
+            args += ["--ckpt_path", str(ckpt_path)]
+        return args
+
+
+@dataclass
+class Suite:
+    """A parsed suite file: its trials and what the report needs (labels, the paper's keys)."""
+
+    name: str
+    trials: list[Trial]
+    benchmark: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    published: dict[str, str] = field(default_factory=dict)
+
+    def summary(self, source: str | Path) -> dict[str, Any]:
+        """What the report reads from ``<suite folder>/suite.yaml``: experiments in order, labels, paper keys."""
+        return {
+            "source": str(source),
+            "name": self.name,
+            "benchmark": self.benchmark,
+            "experiments": list(dict.fromkeys(t.name for t in self.trials)),
+            "seeds": list(dict.fromkeys(t.seed for t in self.trials)),
+            "labels": dict(self.labels),
+            "published": dict(self.published),
+        }
+
+
+def _resolve(path: str, suite_file: Path) -> str:
+    """A config path as written (relative to the working directory), else relative to the suite file."""
+    if Path(path).exists():
+        return path
+    beside = suite_file.parent / path
+    if beside.exists():
+        return str(beside)
+    raise FileNotFoundError(
+        f"{suite_file}: config {path!r} not found (relative to {Path.cwd()} or {suite_file.parent})"
+    )
+
+
+def _str_list(value: Any, what: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise ValueError(f"{what} must be a list of strings, got {value!r}")
+    return [str(v) for v in value]
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Parse a suite file into its trials (experiments × seeds, experiments in file order).
+
+    Raises:
+        ValueError: On a missing or malformed key, with the key named.
+        FileNotFoundError: When a listed config does not exist.
+    """
+    path = Path(path)
+    spec = yaml.safe_load(path.read_text()) or {}
+    unknown = set(spec) - {"name", "seeds", "benchmark", "args", "experiments"}
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: name, seeds, benchmark, args, experiments)")
+    seeds = spec.get("seeds")
+    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise ValueError(f"{path}: `seeds` must be a non-empty list of integers, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"{path}: `seeds` repeats a seed: {seeds}")
+    experiments = spec.get("experiments")
+    if not isinstance(experiments, dict) or not experiments:
+        raise ValueError(f"{path}: `experiments` must map names to {{configs: [...], args: [...]}}")
+    name = str(spec.get("name") or path.stem)
+    common = _str_list(spec.get("args"), f"{path}: `args`")
+    suite = Suite(name=name, trials=[], benchmark=spec.get("benchmark"))
+    for exp, entry in experiments.items():
+        if not isinstance(entry, dict) or not entry.get("configs"):
+            raise ValueError(f"{path}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
+        bad = set(entry) - {"configs", "args", "label", "published"}
+        if bad:
+            raise ValueError(f"{path}: experiment {exp!r} has unknown keys {sorted(bad)}")
+        configs = tuple(_resolve(c, path) for c in _str_list(entry["configs"], f"{path}: {exp}.configs"))
+        args = tuple(common + _str_list(entry.get("args"), f"{path}: {exp}.args"))
+        suite.labels[exp] = str(entry.get("label") or exp)
+        if entry.get("published"):
+            suite.published[exp] = str(entry["published"])
+        suite.trials += [Trial(name, str(exp), seed, configs, args) for seed in seeds]
+    return suite
+
+
+def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
+    """(last task the events reached, number of tasks the run's config asks for); None where unknown."""
+    from cl_lightning.report import read_scalars
+
+    wanted = None
+    config = log_dir / "config.yaml"
+    if config.exists():
+        wanted = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("max_epochs")
+    epochs = read_scalars(log_dir, tags=("epoch",)).get("epoch", {})
+    return (int(max(epochs.values())) if epochs else None), wanted
+
+
+def trial_state(trial: Trial, root: str | Path) -> str:
+    """``finished``, ``resume`` (a checkpoint to continue from) or ``new``."""
+    log_dir = trial.log_dir(root)
+    record = log_dir / "trial.json"
+    if record.exists() and json.loads(record.read_text()).get("status") == FINISHED:
+        return FINISHED
+    return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
+
+
+def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
+    """Run (or resume, or skip) one trial in a child process; record it in ``trial.json``; return the record.
+
+    The child's output goes to ``fit.log`` in the trial folder. Its peak resident memory (``ru_maxrss`` of the
+    child) and wall time are recorded per attempt, so the report can show them.
+
+    Args:
+        trial: The trial.
+        root: Log root (absolute when the trial may run in another working directory, as on Ray).
+        threads: ``OMP_NUM_THREADS`` of the child (None: the environment's).
+        cwd: Working directory of the child, where relative config paths resolve (None: this process's).
+    """
+    log_dir = trial.log_dir(root)
+    record_path = log_dir / "trial.json"
+    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
+    state = trial_state(trial, root)
+    if state == FINISHED:
+        return record | {"skipped": True}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    ckpt = log_dir / "checkpoints" / "last.ckpt" if state == "resume" else None
+    if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
+        for stale in log_dir.glob("events.out.tfevents.*"):
+            stale.unlink()
+    argv = [sys.executable, "-m", "cl_lightning", *trial.fit_args(root, ckpt)]
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    start = time.time()
+    with open(log_dir / "fit.log", "a") as out:
+        out.write(f"\n$ {' '.join(argv)}\n")
+        out.flush()
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    attempt = {
+        "start": start,
+        "wall_seconds": time.time() - start,
+        "peak_rss_bytes": usage.ru_maxrss * 1024,  # kilobytes on Linux
+        "returncode": proc.returncode,
+        "resumed_from": str(ckpt) if ckpt else None,
+        "host": socket.gethostname(),
+        "command": argv,
+    }
+    last, wanted = _last_task(log_dir)
+    done = proc.returncode == 0 and last is not None and (wanted is None or last == wanted - 1)
+    record = {
+        **asdict(trial),
+        "status": FINISHED if done else "unfinished",
+        "last_task": last,
+        "num_tasks": wanted,
+        "attempts": [*record.get("attempts", []), attempt],
+    }
+    record_path.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _describe(record: dict[str, Any]) -> str:
+    name = f"{record['name']}/seed_{record['seed']}"
+    if record.get("skipped"):
+        return f"{name}: already finished, skipped"
+    a = record["attempts"][-1]
+    how = "resumed" if a["resumed_from"] else "ran"
+    return (
+        f"{name}: {record['status']} ({how} {a['wall_seconds']:.0f} s, peak {a['peak_rss_bytes'] / 2**30:.2f} GiB,"
+        f" exit {a['returncode']}, last task {record['last_task']})"
+    )
+
+
+def run_sequential(trials: Sequence[Trial], root: str, threads: int | None = None) -> list[dict[str, Any]]:
+    """Run the trials one after another on this machine."""
+    records = []
+    for i, trial in enumerate(trials):
+        print(f"[{i + 1}/{len(trials)}] {trial.name}/seed_{trial.seed} ({trial_state(trial, root)})", flush=True)
+        records.append(run_trial(trial, root, threads))
+        print("    " + _describe(records[-1]), flush=True)
+    return records
+
+
+def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: int, gpus: float) -> list[dict[str, Any]]:
+    """Run the trials as Ray tasks, each holding ``cpus`` cores and ``gpus`` GPUs while it runs."""
+    import ray  # optional dependency
+
+    package_root = str(Path(__file__).resolve().parent.parent)  # so workers import this package, installed or not
+    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
+    ray.init(
+        address=address,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
+    try:
+        remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_trial)
+        root, cwd = str(Path(root).resolve()), str(Path.cwd())
+        pending = {remote.remote(t, root, cpus, cwd): t for t in trials}
+        records = []
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            trial = pending.pop(ready[0])
+            try:
+                records.append(ray.get(ready[0]))
+                print(_describe(records[-1]), flush=True)
+            except Exception as err:  # a trial's worker died: report it, keep the others going
+                print(f"{trial.name}/seed_{trial.seed}: failed on Ray: {err}", flush=True)
+        return records
+    finally:
+        ray.shutdown()
+
+
+def _ray_available() -> bool:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
+    p.add_argument("suite", help="suite file, e.g. configs/suites/pmnist_cpu.yaml")
+    p.add_argument("--root", default="logs", help="log root; trials go to <root>/<suite>/<experiment>/seed_<s>")
+    p.add_argument("--only", nargs="+", metavar="EXPERIMENT", help="run only these experiments of the suite")
+    p.add_argument("--address", help="Ray head to join (e.g. ray://host:10001 or auto); default: start Ray here")
+    p.add_argument("--cpus-per-trial", type=int, default=1, help="cores per trial on Ray (and its thread count)")
+    p.add_argument("--gpus-per-trial", type=float, help="GPUs per trial on Ray (default: 1 when CUDA is visible)")
+    p.add_argument("--no-ray", action="store_true", help="run trials one after another even if Ray is installed")
+    p.add_argument("--dry-run", action="store_true", help="print each trial's state and command, run nothing")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m cl_lightning sweep``; returns the number of trials left unfinished."""
+    opts = _parser().parse_args(argv)
+    suite = load_suite(opts.suite)
+    trials = [t for t in suite.trials if not opts.only or t.name in opts.only]
+    if opts.only and not trials:
+        raise SystemExit(f"--only {opts.only}: no such experiment in {opts.suite}")
+    suite_dir = Path(opts.root) / suite.name
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
+    if opts.dry_run:
+        for t in trials:
+            state = trial_state(t, opts.root)
+            ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
+            print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
+        return 0
+    todo = sum(trial_state(t, opts.root) != FINISHED for t in trials)
+    print(f"suite {suite.name}: {len(trials)} trials, {todo} to run, logs in {suite_dir}", flush=True)
+    if _ray_available() and not opts.no_ray:
+        gpus = opts.gpus_per_trial
+        if gpus is None:
+            import torch
+
+            gpus = 1.0 if torch.cuda.is_available() else 0.0
+        records = run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
+    else:
+        if not opts.no_ray:
+            print(
+                "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
+                ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
+                flush=True,
+            )
+        records = run_sequential(trials, opts.root)
+    left = sum(r.get("status") != FINISHED for r in records) + len(trials) - len(records)
+    print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
+    print(f"  python -m cl_lightning report {suite_dir}", flush=True)
+    return min(left, 1)
