@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -228,6 +229,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     attempt = {
         "start": start,
         "wall_seconds": time.time() - start,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "peak_rss_bytes": usage.ru_maxrss * 1024,  # kilobytes on Linux
         "returncode": proc.returncode,
         "resumed_from": str(ckpt) if ckpt else None,
@@ -254,8 +256,8 @@ def _describe(record: dict[str, Any]) -> str:
     a = record["attempts"][-1]
     how = "resumed" if a["resumed_from"] else "ran"
     return (
-        f"{name}: {record['status']} ({how} {a['wall_seconds']:.0f} s, peak {a['peak_rss_bytes'] / 2**30:.2f} GiB,"
-        f" exit {a['returncode']}, last task {record['last_task']})"
+        f"{name}: {record['status']} ({how} {a['wall_seconds']:.0f} s, {a['cpu_seconds']:.0f} s CPU,"
+        f" peak {a['peak_rss_bytes'] / 2**30:.2f} GiB, exit {a['returncode']}, last task {record['last_task']})"
     )
 
 
@@ -312,6 +314,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("suite", help="suite file, e.g. configs/suites/pmnist_cpu.yaml")
     p.add_argument("--root", default="logs", help="log root; trials go to <root>/<suite>/<experiment>/seed_<s>")
     p.add_argument("--only", nargs="+", metavar="EXPERIMENT", help="run only these experiments of the suite")
+    p.add_argument("--seeds", nargs="+", type=int, help="run these seeds instead of the suite's")
+    p.add_argument(
+        "--fit-args",
+        default="",
+        help='extra arguments for every fit, after the suite\'s (e.g. "--data.stream.init_args.num_tasks=5")',
+    )
     p.add_argument("--address", help="Ray head to join (e.g. ray://host:10001 or auto); default: start Ray here")
     p.add_argument("--cpus-per-trial", type=int, default=1, help="cores per trial on Ray (and its thread count)")
     p.add_argument("--gpus-per-trial", type=float, help="GPUs per trial on Ray (default: 1 when CUDA is visible)")
@@ -324,6 +332,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning sweep``; returns the number of trials left unfinished."""
     opts = _parser().parse_args(argv)
     suite = load_suite(opts.suite)
+    if opts.seeds:
+        runs = list(dict.fromkeys((t.name, t.configs, t.args) for t in suite.trials))
+        suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
+    if opts.fit_args:
+        suite.trials = [replace(t, args=(*t.args, *shlex.split(opts.fit_args))) for t in suite.trials]
     trials = [t for t in suite.trials if not opts.only or t.name in opts.only]
     if opts.only and not trials:
         raise SystemExit(f"--only {opts.only}: no such experiment in {opts.suite}")
