@@ -1,0 +1,166 @@
+"""The report's reading and aggregation, on event files written by hand (values checked against hand arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from torch.utils.tensorboard import SummaryWriter
+
+from cl_lightning.report import (
+    final_window,
+    last_value,
+    load_suite_runs,
+    main,
+    minmax_per_seed,
+    paper_text,
+    per_task,
+    published_numbers,
+    read_scalars,
+    seed_band,
+    table_rows,
+)
+
+STEPS = 10  # training steps per task: task t ends at step 10 t + 9, where Lightning logs its epoch-end values
+
+
+def _write(log_dir: Path, values: dict[str, dict[int, float]], order: int = 0) -> None:
+    """Write ``{tag: {task: value}}`` as Lightning does (value and ``epoch`` at the task's last step) into a file
+    whose name sorts as a run started ``order``-th (resumed runs write a second, later file)."""
+    writer = SummaryWriter(str(log_dir))
+    tasks = sorted({t for series in values.values() for t in series})
+    for task in tasks:
+        step = STEPS * task + STEPS - 1
+        for tag, series in values.items():
+            if task in series:
+                writer.add_scalar(tag, series[task], step)
+        writer.add_scalar("epoch", task, step)
+    writer.close()
+    (path,) = [p for p in log_dir.glob("events.out.tfevents.*") if ".order" not in p.name]
+    path.rename(log_dir / f"events.out.tfevents.{1_700_000_000 + order}.host.1.order{order}")
+
+
+def _trial(suite: Path, name: str, seed: int, tasks: int, values: dict[str, dict[int, float]], **record) -> Path:
+    d = suite / name / f"seed_{seed}"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(
+        yaml.safe_dump({"trainer": {"max_epochs": tasks}, "data": {"stream": {"class_path": "x.PermutedMNIST"}}})
+    )
+    _write(d, values)
+    if record:
+        (d / "trial.json").write_text(json.dumps(record))
+    return d
+
+
+def test_per_task_maps_steps_through_the_epoch_scalar_and_a_resume_overwrites(tmp_path: Path) -> None:
+    d = tmp_path / "run"
+    d.mkdir()
+    _write(d, {"eval/forward_acc": {0: 0.1, 1: 0.2, 2: 0.3}, "hessian/eff_rank": {0: 5.0}}, order=0)
+    # a resumed run redoes tasks 2 and 3 (after the task-1 checkpoint): its values win
+    _write(d, {"eval/forward_acc": {2: 0.35, 3: 0.4}}, order=1)
+    curves = per_task(read_scalars(d), num_tasks=5)
+    np.testing.assert_allclose(curves["eval/forward_acc"], [0.1, 0.2, 0.35, 0.4, np.nan], rtol=1e-6)
+    np.testing.assert_allclose(curves["hessian/eff_rank"], [5.0, np.nan, np.nan, np.nan, np.nan])
+    np.testing.assert_array_equal(curves["epoch"], [0, 1, 2, 3, np.nan])
+
+
+def test_seed_band_is_the_window_mean_of_per_task_mean_and_std() -> None:
+    # 2 seeds x 6 tasks, windows of 3; task 1 of seed 1 missing (NaN)
+    rows = np.array([[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], [3.0, np.nan, 5.0, 4.0, 9.0, 8.0]])
+    centres, mean, std = seed_band(rows, 3)
+    # per task: means 2, 2, 4, 4, 7, 7; population stds 1, 0, 1, 0, 2, 1
+    np.testing.assert_allclose(centres, [1.0, 4.0])
+    np.testing.assert_allclose(mean, [(2 + 2 + 4) / 3, (4 + 7 + 7) / 3])
+    np.testing.assert_allclose(std, [(1 + 0 + 1) / 3, (0 + 2 + 1) / 3])
+
+
+def test_final_window_and_last_value_and_minmax() -> None:
+    rows = np.array([[0.0, 0.5, 0.6, 0.8], [0.2, 0.1, 0.7, 0.9], [np.nan, np.nan, np.nan, np.nan]])
+    mean, std, n = final_window(rows, 2)  # seeds' window means 0.7 and 0.8; the third seed has none
+    assert (round(mean, 9), round(std, 9), n) == (0.75, 0.05, 2)
+    mean, std, n = last_value(np.array([[1.0, 2.0, np.nan], [np.nan, 4.0, np.nan]]))
+    assert (mean, std, n) == (3.0, 1.0, 2)
+    np.testing.assert_allclose(
+        minmax_per_seed(np.array([[2.0, 4.0, 3.0], [1.0, 1.0, np.nan]])), [[0, 1, 0.5], [np.nan] * 3]
+    )
+
+
+def test_paper_values_carry_figure_and_page() -> None:
+    paper = published_numbers()
+    bp = paper["benchmarks"]["pmnist"]["methods"]["bp"]
+    assert paper_text(bp["forward"]) == "0.68 (Fig. 1a, p. 8)"
+    assert paper_text(bp["backward"]) == "0.33–0.36 (Fig. 1b, p. 8)"
+    for bench in paper["benchmarks"].values():
+        for method in bench["methods"].values():
+            for key in ("forward", "backward"):
+                assert {"end", "figure", "page"} <= set(method[key]), method
+            assert {"hours", "tasks", "table", "page"} <= set(method["wall_clock"])
+
+
+def _suite(tmp_path: Path) -> Path:
+    suite = tmp_path / "toy"
+    suite.mkdir()
+    (suite / "suite.yaml").write_text(
+        yaml.safe_dump({"experiments": ["bp", "knn"], "labels": {"bp": "Backprop"}, "published": {"bp": "bp"}})
+    )
+    forward = {0: [0.5, 0.6, 0.7, 0.8, 0.9], 1: [0.3, 0.4, 0.5, 0.6, 0.7]}  # the two seeds of bp
+    for seed, fwd in forward.items():
+        values = {
+            "eval/forward_acc": dict(enumerate(fwd)),
+            "eval/backward_acc": {t: fwd[t] - 0.2 for t in range(1, 5)},  # lag 1
+            "train/online_acc": dict(enumerate(fwd)),
+            "forgetting/avg": {0: 0.5, 4: 0.6 + 0.2 * seed},
+            "eval/acc_matrix/task_0": {0: 0.5, 4: 0.1 * seed},
+            "eval/acc_matrix/task_4": {4: 0.9},
+            "cost/task_seconds": dict.fromkeys(range(5), 0.25),
+        }
+        attempt = {"wall_seconds": 10.0 * (seed + 1), "peak_rss_bytes": 2**30 * (seed + 1)}
+        _trial(suite, "bp", seed, 5, values, status="finished", attempts=[attempt])
+    _trial(suite, "knn", 0, 5, {"eval/forward_acc": dict.fromkeys(range(5), 0.8)})
+    return suite
+
+
+def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
+    experiments, meta = load_suite_runs(_suite(tmp_path))
+    assert [e.name for e in experiments] == ["bp", "knn"]  # suite order
+    bp, knn = table_rows(experiments, meta)
+    assert (bp["label"], bp["seeds"], bp["tasks"], bp["final_window"]) == ("Backprop", 2, 5, 5)
+    # final window = the last max(5 // 80, 5) = 5 tasks: seed means 0.7 and 0.5
+    assert bp["forward_mean"] == pytest.approx(0.6)
+    assert bp["forward_std"] == pytest.approx(0.1)
+    # backward over tasks 1..4: seed means 0.55 and 0.35
+    assert bp["backward_mean"] == pytest.approx(0.45)
+    assert bp["backward_std"] == pytest.approx(0.1)
+    assert bp["avg_mean"] == pytest.approx(0.7)
+    assert bp["avg_std"] == pytest.approx(0.1)
+    assert bp["seconds_per_task"] == pytest.approx(15.0 / 5)
+    assert bp["train_seconds_per_task"] == pytest.approx(0.25)
+    assert bp["peak_rss_gib"] == pytest.approx(1.5)
+    assert bp["forward_paper"] == "0.68 (Fig. 1a, p. 8)"
+    assert bp["seconds_per_task_paper"] == "2.4 (Tab. 5, p. 15)"  # 5 h / 7,500 tasks
+    assert knn["forward_mean"] == pytest.approx(0.8)
+    assert knn["forward_std"] == 0.0
+    assert knn["forward_paper"] == ""
+    assert math.isnan(knn["seconds_per_task"])
+
+
+def test_report_writes_figures_and_table(tmp_path: Path) -> None:
+    suite = _suite(tmp_path)
+    assert main([str(suite)]) == 0
+    out = suite / "report"
+    names = {p.name for p in out.iterdir()}
+    assert {"table.md", "table.csv", "forward_backward.png", "online.png", "matrix_bp.png"} <= names
+    assert "hessian_eff_rank.png" not in names  # no run measured it
+    md = (out / "table.md").read_text()
+    assert "| Backprop | 2 | 5 | 0.600 ± 0.100 | 0.68 (Fig. 1a, p. 8) | 0.450 ± 0.100 |" in md
+    from cl_lightning.report_figures import matrix_figure
+
+    bp = load_suite_runs(suite)[0][0]
+    fig = matrix_figure(bp)
+    image = fig.axes[0].images[0].get_array()
+    # R averaged over the 2 seeds: row "after 0" = (0.5, -), row "after 4" = (mean(0, 0.1), 0.9)
+    np.testing.assert_allclose(image.filled(np.nan), [[0.5, np.nan], [0.05, 0.9]], rtol=1e-6)

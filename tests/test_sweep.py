@@ -1,0 +1,241 @@
+"""Suites: expansion into trials, the seed reaching every RNG, sequential and Ray runs, skip and resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from helpers import CONFIGS, ROOT
+
+from cl_lightning import sweep
+from cl_lightning.cli import main as cli_main
+from cl_lightning.report import per_task, published_numbers, read_scalars
+from cl_lightning.sweep import FINISHED, Trial, load_suite, run_sequential, trial_state
+from cl_lightning.sweep import main as sweep_main
+
+SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
+
+# a complete experiment config on the synthetic stream: a trial takes a few seconds, most of it process start
+TINY = {
+    "seed_everything": 0,
+    "trainer": {
+        "accelerator": "cpu",
+        "devices": 1,
+        "reload_dataloaders_every_n_epochs": 1,
+        "num_sanity_val_steps": 0,
+        "deterministic": True,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "logger": {
+            "class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+            "init_args": {"save_dir": "logs", "name": "tiny", "default_hp_metric": False},
+        },
+        "callbacks": [
+            {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": {"save_last": True}},
+            {"class_path": "cl_lightning.callbacks.ForgettingMonitor", "init_args": {"plot": False}},
+            {"class_path": "cl_lightning.callbacks.CostMonitor"},
+        ],
+    },
+    "model": {
+        "class_path": "cl_lightning.learners.Backprop",
+        "init_args": {"hidden_sizes": [32], "optimizer": {"class_path": "torch.optim.Adam", "init_args": {"lr": 0.01}}},
+    },
+    "data": {
+        "stream": {
+            "class_path": "cl_lightning.data.SyntheticClasses",
+            "init_args": {"num_tasks": 4, "permute_inputs": True, "train_size": 128, "query_size": 32},
+        },
+        "context_size": 32,
+        "backward_lag": 1,
+        "num_probe_tasks": 2,
+    },
+}
+
+
+def _suite(tmp_path: Path, seeds: list[int], tasks: int = 4, experiments: tuple[str, ...] = ("a", "b")) -> Path:
+    config = tmp_path / "tiny.yaml"
+    spec = json.loads(json.dumps(TINY))
+    spec["data"]["stream"]["init_args"]["num_tasks"] = tasks
+    config.write_text(yaml.safe_dump(spec))
+    overlay = tmp_path / "wide.yaml"
+    overlay.write_text(yaml.safe_dump({"model": {"init_args": {"hidden_sizes": [48]}}}))
+    suite = tmp_path / "toy.yaml"
+    exps = {name: {"configs": [str(config), str(overlay)] if name == "b" else [str(config)]} for name in experiments}
+    suite.write_text(yaml.safe_dump({"seeds": seeds, "experiments": exps}))
+    return suite
+
+
+def test_suite_expands_to_experiments_times_seeds(tmp_path: Path) -> None:
+    suite = load_suite(_suite(tmp_path, [3, 7]))
+    assert [(t.name, t.seed) for t in suite.trials] == [("a", 3), ("a", 7), ("b", 3), ("b", 7)]
+    trial = suite.trials[3]
+    assert trial.log_dir(tmp_path / "logs") == tmp_path / "logs" / "toy" / "b" / "seed_7"
+    args = trial.fit_args(tmp_path / "logs", ckpt_path="x.ckpt")
+    assert args[:5] == ["fit", "--config", str(tmp_path / "tiny.yaml"), "--config", str(tmp_path / "wide.yaml")]
+    pairs = dict(zip(args[5::2], args[6::2], strict=False))
+    for key in ("--seed_everything", "--data.stream.init_args.seed", "--model.init_args.seed"):
+        assert pairs[key] == "7"
+    assert pairs["--trainer.logger.init_args.save_dir"] == str(tmp_path / "logs" / "toy")
+    assert (pairs["--trainer.logger.init_args.name"], pairs["--trainer.logger.init_args.version"]) == ("b", "seed_7")
+    assert args[-2:] == ["--ckpt_path", "x.ckpt"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"experiments": {"a": {"configs": ["x.yaml"]}}}, "seeds"),
+        ({"seeds": [0, 0], "experiments": {"a": {"configs": ["x.yaml"]}}}, "repeats"),
+        ({"seeds": [0], "experiments": {"a": {"args": []}}}, "configs"),
+        ({"seeds": [0], "experiment": {}}, "unknown keys"),
+        ({"seeds": [0], "experiments": {"a": {"configs": ["missing.yaml"]}}}, "not found"),
+    ],
+)
+def test_bad_suites_are_clear_errors(tmp_path: Path, spec: dict, message: str) -> None:
+    (tmp_path / "x.yaml").write_text("{}")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises((ValueError, FileNotFoundError), match=message):
+        load_suite(path)
+
+
+@pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
+def test_shipped_suites_name_real_configs_and_paper_keys(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    suite = load_suite(path)
+    assert len({t.seed for t in suite.trials}) == 3
+    methods = published_numbers()["benchmarks"][suite.benchmark]["methods"]
+    assert set(suite.published.values()) <= set(methods)
+    for trial in suite.trials:
+        assert all(Path(c).exists() for c in trial.configs)
+
+
+def _built(trial: Trial, tmp_path: Path):
+    """The trial's model and stream as its fit would build them (the CLI without running)."""
+    args = trial.fit_args(tmp_path / "logs")[1:]
+    return cli_main(args, run=False)
+
+
+def test_the_seed_reaches_permutations_splits_draws_and_init(tmp_path: Path) -> None:
+    configs = (str(CONFIGS / "cbp_pmnist.yaml"), str(CONFIGS / "quick.yaml"))
+    a, b, a_again = (_built(Trial("s", "cbp", seed, configs), tmp_path) for seed in (0, 1, 0))
+    for cli, seed in ((a, 0), (b, 1)):
+        assert cli.datamodule.stream.seed == seed
+        assert cli.model.seed == seed
+    stream_a, stream_b = a.datamodule.stream, b.datamodule.stream
+    assert not torch.equal(stream_a.permutation(3), stream_b.permutation(3))
+    assert not torch.equal(stream_a.split_indices(3)[0], stream_b.split_indices(3)[0])
+    assert not torch.equal(
+        a.model.step_generator().get_state(), b.model.step_generator().get_state()
+    )  # learner's draws
+    weights = [next(iter(cli.model.parameters())).detach() for cli in (a, b, a_again)]
+    assert not torch.equal(weights[0], weights[1])  # initialisation (seed_everything)
+    assert torch.equal(weights[0], weights[2])
+    assert torch.equal(stream_a.permutation(3), a_again.datamodule.stream.permutation(3))
+
+
+def _curve(log_dir: Path, tag: str = "eval/forward_acc") -> np.ndarray:
+    return per_task(read_scalars(log_dir), 4)[tag]
+
+
+def test_sequential_sweep_runs_skips_and_records(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite = _suite(tmp_path, [0], experiments=("a",))
+    root = tmp_path / "logs"
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    assert "Ray" not in capsys.readouterr().out  # --no-ray: no advice about it
+    d = root / "toy" / "a" / "seed_0"
+    record = json.loads((d / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["last_task"] == 3
+    assert len(record["attempts"]) == 1
+    assert record["attempts"][0]["peak_rss_bytes"] > 2**20
+    assert (d / "checkpoints" / "last.ckpt").exists()
+    assert not np.isnan(_curve(d)).any()
+    assert yaml.safe_load((root / "toy" / "suite.yaml").read_text())["experiments"] == ["a"]
+    monkeypatch.setattr(sweep, "_ray_available", lambda: False)  # as where the [sweep] extra is not installed
+    assert sweep_main([str(suite), "--root", str(root)]) == 0  # everything finished: nothing runs
+    out = capsys.readouterr().out
+    assert "a/seed_0: already finished, skipped" in out
+    assert "Ray is not installed: trials run one after another" in out
+    assert 'pip install "cl-lightning[sweep]"' in out
+    assert len(json.loads((d / "trial.json").read_text())["attempts"]) == 1
+
+
+@pytest.mark.slow
+def test_two_seeds_differ_and_one_seed_twice_gives_the_same_run(tmp_path: Path) -> None:
+    suite = load_suite(_suite(tmp_path, [5, 6], experiments=("a",)))
+    run_sequential(suite.trials, str(tmp_path / "one"))
+    run_sequential(suite.trials[:1], str(tmp_path / "two"))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc", "train/loss"):
+        one, two = (_curve(tmp_path / r / "toy" / "a" / "seed_5", tag) for r in ("one", "two"))
+        np.testing.assert_array_equal(one, two)
+        other = _curve(tmp_path / "one" / "toy" / "a" / "seed_6", tag)
+        assert not np.array_equal(one, other)
+
+
+@pytest.mark.slow
+def test_two_trials_through_ray_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from cl_lightning.sweep import run_on_ray
+
+    suite = load_suite(_suite(tmp_path, [0], experiments=("a", "b")))
+    records = run_on_ray(suite.trials, str(tmp_path / "logs"), address=None, cpus=1, gpus=0)
+    assert sorted(r["name"] for r in records) == ["a", "b"]
+    assert all(r["status"] == FINISHED for r in records)
+    for t in suite.trials:
+        assert trial_state(t, tmp_path / "logs") == FINISHED
+        assert not np.isnan(_curve(t.log_dir(tmp_path / "logs"))).any()
+
+
+@pytest.mark.slow
+def test_killed_sweep_rerun_skips_finished_and_resumes_unfinished(tmp_path: Path) -> None:
+    suite = _suite(tmp_path, [0], tasks=4, experiments=("a",))
+    # b: the same run, 40 tasks, so there is time to kill it after a checkpoint
+    spec = yaml.safe_load(suite.read_text())
+    long = tmp_path / "long.yaml"
+    long.write_text(yaml.safe_dump({"data": {"stream": {"init_args": {"num_tasks": 40}}}}))
+    spec["experiments"]["b"] = {"configs": [str(tmp_path / "tiny.yaml"), str(long)]}
+    suite.write_text(yaml.safe_dump(spec))
+    root = tmp_path / "logs"
+    b_dir = root / "toy" / "b" / "seed_0"
+    cmd = [sys.executable, "-m", "cl_lightning", "sweep", str(suite), "--root", str(root), "--no-ray"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    deadline = time.time() + 300
+    while not (b_dir / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few more tasks
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its running fit
+    proc.wait()
+    a_record = (root / "toy" / "a" / "seed_0" / "trial.json").read_text()
+    assert json.loads(a_record)["status"] == FINISHED
+    assert not (b_dir / "trial.json").exists()
+    killed_at = int(np.nanmax(_curve_n(b_dir, "epoch")))
+    assert killed_at < 39
+
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    assert (root / "toy" / "a" / "seed_0" / "trial.json").read_text() == a_record  # skipped, untouched
+    record = json.loads((b_dir / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    # the resumed trial's curves equal an uninterrupted run's
+    straight = load_suite(suite).trials[1]
+    run_sequential([straight], str(tmp_path / "straight"))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
+        resumed, whole = _curve_n(b_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
+        assert not np.isnan(resumed[1:]).any()
+        np.testing.assert_array_equal(resumed, whole)
+
+
+def _curve_n(log_dir: Path, tag: str, n: int = 40) -> np.ndarray:
+    return per_task(read_scalars(log_dir), n)[tag]
