@@ -30,9 +30,11 @@ folder must then be on a file system every node sees). Without Ray they run one 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -192,6 +194,13 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
 
 
+def _die_with_parent() -> None:
+    """In the trial's process (Linux): receive SIGTERM when the sweep (or the Ray worker) running it dies, so a
+    killed sweep leaves no orphaned fit writing into the trial folder."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Run (or resume, or skip) one trial in a child process; record it in ``trial.json``; return the record.
 
@@ -223,7 +232,9 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     with open(log_dir / "fit.log", "a") as out:
         out.write(f"\n$ {' '.join(argv)}\n")
         out.flush()
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
+        )
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
@@ -328,8 +339,26 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, Any]]:
+    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another."""
+    if _ray_available() and not opts.no_ray:
+        gpus = opts.gpus_per_trial
+        if gpus is None:
+            import torch
+
+            gpus = 1.0 if torch.cuda.is_available() else 0.0
+        return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
+    if not opts.no_ray:
+        print(
+            "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
+            ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
+            flush=True,
+        )
+    return run_sequential(trials, opts.root)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m cl_lightning sweep``; returns the number of trials left unfinished."""
+    """Entry point of ``python -m cl_lightning sweep``; returns 1 when a trial is left unfinished, else 0."""
     opts = _parser().parse_args(argv)
     suite = load_suite(opts.suite)
     if opts.seeds:
@@ -349,24 +378,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
-    todo = sum(trial_state(t, opts.root) != FINISHED for t in trials)
-    print(f"suite {suite.name}: {len(trials)} trials, {todo} to run, logs in {suite_dir}", flush=True)
-    if _ray_available() and not opts.no_ray:
-        gpus = opts.gpus_per_trial
-        if gpus is None:
-            import torch
-
-            gpus = 1.0 if torch.cuda.is_available() else 0.0
-        records = run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
-    else:
-        if not opts.no_ray:
-            print(
-                "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
-                ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
-                flush=True,
-            )
-        records = run_sequential(trials, opts.root)
-    left = sum(r.get("status") != FINISHED for r in records) + len(trials) - len(records)
+    todo = [t for t in trials if trial_state(t, opts.root) != FINISHED]
+    print(f"suite {suite.name}: {len(trials)} trials, {len(todo)} to run, logs in {suite_dir}", flush=True)
+    for t in trials:
+        if t not in todo:
+            print(f"{t.name}/seed_{t.seed}: already finished, skipped", flush=True)
+    records = _run(todo, opts) if todo else []
+    left = sum(r.get("status") != FINISHED for r in records) + len(todo) - len(records)
     print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
     print(f"  python -m cl_lightning report {suite_dir}", flush=True)
     return min(left, 1)
