@@ -19,7 +19,8 @@ from helpers import CONFIGS, ROOT
 from cl_lightning import sweep
 from cl_lightning.cli import main as cli_main
 from cl_lightning.report import per_task, published_numbers, read_scalars
-from cl_lightning.sweep import FINISHED, Trial, load_suite, run_sequential, trial_state
+from cl_lightning.suite import Trial, load_suite
+from cl_lightning.sweep import FINISHED, run_sequential, trial_state
 from cl_lightning.sweep import main as sweep_main
 
 SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
