@@ -226,7 +226,8 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         entry, m = paper_entry(exp, meta, paper), exp.metric
         final = max(exp.window, min(exp.num_tasks, 5))
         row: dict[str, Any] = {"experiment": exp.name, "label": exp.label, "seeds": len(exp.seeds)}
-        row |= {"tasks": exp.num_tasks, "final_window": final}
+        unfinished = int(np.isnan(exp.rows("epoch")[:, -1]).sum())  # trials whose events stop before the last task
+        row |= {"unfinished": unfinished, "tasks": exp.num_tasks, "final_window": final}
         for what, tag in zip(SCALARS, (f"eval/forward_{m}", f"eval/backward_{m}", f"train/online_{m}"), strict=True):
             mean, std, _ = final_window(exp.rows(tag), final)
             row |= {f"{what}_mean": mean, f"{what}_std": std, f"{what}_paper": paper_text(entry.get(what))}
@@ -257,7 +258,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        cells = [r["label"], str(r["seeds"]), str(r["tasks"])]
+        seeds = f"{r['seeds']} ({r['unfinished']} unfinished)" if r["unfinished"] else str(r["seeds"])
+        cells = [r["label"], seeds, str(r["tasks"])]
         cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
         cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]

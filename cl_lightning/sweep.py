@@ -161,7 +161,9 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
         pending = {remote.remote(t, root, cpus, cwd): t for t in trials}
         records = []
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets Ctrl-C through
+            if not ready:
+                continue
             trial = pending.pop(ready[0])
             try:
                 records.append(ray.get(ready[0]))

@@ -120,7 +120,8 @@ def _suite(tmp_path: Path) -> Path:
         }
         attempt = {"wall_seconds": 10.0 * (seed + 1), "peak_rss_bytes": 2**30 * (seed + 1)}
         _trial(suite, "bp", seed, 5, values, status="finished", attempts=[attempt])
-    _trial(suite, "knn", 0, 5, {"eval/forward_acc": dict.fromkeys(range(5), 0.8)})
+    _trial(suite, "knn", 0, 10, {"eval/forward_acc": dict.fromkeys(range(10), 0.8)})
+    _trial(suite, "knn", 1, 10, {"eval/forward_acc": {0: 0.2, 1: 0.3}})  # stopped after task 1: no final window
     return suite
 
 
@@ -142,7 +143,9 @@ def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
     assert bp["peak_rss_gib"] == pytest.approx(1.5)
     assert bp["forward_paper"] == "0.68 (Fig. 1a, p. 8)"
     assert bp["seconds_per_task_paper"] == "2.4 (Tab. 5, p. 15)"  # 5 h / 7,500 tasks
-    assert knn["forward_mean"] == pytest.approx(0.8)
+    assert bp["unfinished"] == 0
+    assert (knn["seeds"], knn["unfinished"]) == (2, 1)
+    assert knn["forward_mean"] == pytest.approx(0.8)  # the unfinished seed has no value in the final window
     assert knn["forward_std"] == 0.0
     assert knn["forward_paper"] == ""
     assert math.isnan(knn["seconds_per_task"])
