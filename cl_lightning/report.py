@@ -230,15 +230,16 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         entry, m = paper_entry(exp, meta, paper), exp.metric
         final = max(exp.window, min(exp.num_tasks, 5))
         row: dict[str, Any] = {"experiment": exp.name, "label": exp.label, "seeds": len(exp.seeds)}
-        unfinished = int(np.isnan(exp.rows("epoch")[:, -1]).sum())  # trials whose events stop before the last task
+        done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
+        unfinished = int((~done).sum())
         row |= {"unfinished": unfinished, "tasks": exp.num_tasks, "final_window": final}
         for what, tag in zip(SCALARS, (f"eval/forward_{m}", f"eval/backward_{m}", f"train/online_{m}"), strict=True):
             mean, std, _ = final_window(exp.rows(tag), final)
             row |= {f"{what}_mean": mean, f"{what}_std": std, f"{what}_paper": paper_text(entry.get(what))}
         for what in ("avg", "bwt", "fwt", "forgetting"):
-            mean, std, _ = last_value(exp.rows(f"forgetting/{what}"))
+            mean, std, _ = last_value(exp.rows(f"forgetting/{what}")[done])  # R of finished runs only
             row |= {f"{what}_mean": mean, f"{what}_std": std}
-        walls = [sum(a["wall_seconds"] for a in r.get("attempts", [])) for r in exp.records if r]
+        walls = [sum(a["wall_seconds"] for a in r["attempts"]) for r in exp.records if r.get("status") == "finished"]
         peaks = [max(a["peak_rss_bytes"] for a in r["attempts"]) for r in exp.records if r.get("attempts")]
         train = exp.rows("cost/task_seconds")
         row["seconds_per_task"] = float(np.mean(walls)) / exp.num_tasks if walls else math.nan

@@ -26,13 +26,14 @@ def _band(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, color: str) 
         return
     x, mean, std = seed_band(rows, window)
     per = f", {window}-task windows" if window > 1 else ""
+    seeds = f"{len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}"
     ax.plot(
         x,
         mean,
         color=color,
         lw=1.4,
         marker="." if x.size < 40 else None,
-        label=f"{exp.label} ({len(exp.seeds)} seeds{per})",
+        label=f"{exp.label} ({seeds}{per})",
     )
     ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, lw=0)
 
@@ -80,6 +81,8 @@ def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
             x = tasks[at.astype(int)]
             ax.plot(x, mean, color=colours[exp.name], marker=".", lw=1.4, label=exp.label)
             ax.fill_between(x, mean - std, mean + std, color=colours[exp.name], alpha=0.15, lw=0)
+    if not norm.lines:
+        norm.text(0.5, 0.5, "needs two or more measurements per seed", ha="center", transform=norm.transAxes)
     raw.set_title("Hessian effective rank (last layer)")
     norm.set_title("min–max normalised per seed (the paper's Figure 4)")
     for ax in (raw, norm):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -121,7 +120,17 @@ def _suite(tmp_path: Path) -> Path:
         attempt = {"wall_seconds": 10.0 * (seed + 1), "peak_rss_bytes": 2**30 * (seed + 1)}
         _trial(suite, "bp", seed, 5, values, status="finished", attempts=[attempt])
     _trial(suite, "knn", 0, 10, {"eval/forward_acc": dict.fromkeys(range(10), 0.8)})
-    _trial(suite, "knn", 1, 10, {"eval/forward_acc": {0: 0.2, 1: 0.3}})  # stopped after task 1: no final window
+    # seed 1 stopped after task 1: no final window, and its partial R (ACC) is left out
+    _trial(suite, "knn", 1, 10, {"eval/forward_acc": {0: 0.2, 1: 0.3}, "forgetting/avg": {1: 0.3}})
+    _trial(
+        suite,
+        "knn",
+        2,
+        10,
+        {"forgetting/avg": {9: 0.7}},
+        status="finished",
+        attempts=[{"wall_seconds": 20.0, "peak_rss_bytes": 2**30}],
+    )
     return suite
 
 
@@ -144,11 +153,12 @@ def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
     assert bp["forward_paper"] == "0.68 (Fig. 1a, p. 8)"
     assert bp["seconds_per_task_paper"] == "2.4 (Tab. 5, p. 15)"  # 5 h / 7,500 tasks
     assert bp["unfinished"] == 0
-    assert (knn["seeds"], knn["unfinished"]) == (2, 1)
+    assert (knn["seeds"], knn["unfinished"]) == (3, 1)
+    assert (knn["avg_mean"], knn["avg_std"]) == (pytest.approx(0.7), 0.0)
     assert knn["forward_mean"] == pytest.approx(0.8)  # the unfinished seed has no value in the final window
     assert knn["forward_std"] == 0.0
     assert knn["forward_paper"] == ""
-    assert math.isnan(knn["seconds_per_task"])
+    assert knn["seconds_per_task"] == pytest.approx(20.0 / 10)  # finished trials with a record only
 
 
 def test_report_writes_figures_and_table(tmp_path: Path) -> None:
