@@ -55,11 +55,14 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
 
 
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # resolved before forking
+
+
 def _die_with_parent() -> None:
     """In the trial's process (Linux): receive SIGTERM when the sweep (or the Ray worker) running it dies, so a
-    killed sweep leaves no orphaned fit writing into the trial folder."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    killed sweep leaves no orphaned fit writing into the trial folder. Runs between fork and exec: one C call."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:

@@ -242,3 +242,25 @@ def test_killed_sweep_rerun_skips_finished_and_resumes_unfinished(tmp_path: Path
 
 def _curve_n(log_dir: Path, tag: str, n: int = 40) -> np.ndarray:
     return per_task(read_scalars(log_dir), n)[tag]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG and /proc are Linux's")
+def test_a_trial_process_dies_with_its_sweep() -> None:
+    # a parent starts a child as run_trial does, then is killed outright: the child must not keep running
+    code = (
+        "import subprocess, sys, time\n"
+        "from cl_lightning.sweep import _die_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=_die_with_parent)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait()
+    status = Path(f"/proc/{child}/status")
+    deadline = time.time() + 10
+    while status.exists() and "State:\tZ" not in status.read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    assert not status.exists() or "State:\tZ" in status.read_text()  # gone, or dead and waiting to be reaped
