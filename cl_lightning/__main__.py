@@ -1,20 +1,26 @@
-"""``python -m cl_lightning`` runs the command line: ``fit``/``validate``/``test`` (LightningCLI), ``sweep`` (a
-suite of experiments × seeds, :mod:`cl_lightning.sweep`) and ``report`` (its figures and table,
-:mod:`cl_lightning.report`)."""
+"""``python -m cl_lightning`` (and the ``cl-lightning`` script) runs the command line: ``fit``/``validate``/``test``
+(LightningCLI, :mod:`cl_lightning.cli`), ``sweep`` (a suite of experiments × seeds, :mod:`cl_lightning.sweep`) and
+``report`` (its figures and table, :mod:`cl_lightning.report`)."""
 
 import sys
 
-if __name__ == "__main__":
+
+def main() -> None:
+    """Dispatch ``sweep`` and ``report`` to their modules and everything else to the LightningCLI."""
     command = sys.argv[1] if len(sys.argv) > 1 else None
     if command == "sweep":
-        from cl_lightning.sweep import main
+        from cl_lightning.sweep import main as sweep
 
-        sys.exit(main(sys.argv[2:]))
+        sys.exit(sweep(sys.argv[2:]))
     elif command == "report":
-        from cl_lightning.report import main
+        from cl_lightning.report import main as report
 
-        sys.exit(main(sys.argv[2:]))
+        sys.exit(report(sys.argv[2:]))
     else:
-        from cl_lightning.cli import main
+        from cl_lightning.cli import main as cli
 
-        main()
+        cli()
+
+
+if __name__ == "__main__":
+    main()
