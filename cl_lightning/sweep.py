@@ -214,12 +214,6 @@ def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, An
 
             gpus = 1.0 if torch.cuda.is_available() else 0.0
         return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
-    if not opts.no_ray:
-        print(
-            "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
-            ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
-            flush=True,
-        )
     return run_sequential(trials, opts.root)
 
 
@@ -244,6 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
+    if not opts.no_ray and not _ray_available():
+        print(
+            "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
+            ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
+            flush=True,
+        )
     todo = [t for t in trials if trial_state(t, opts.root) != FINISHED]
     print(f"suite {suite.name}: {len(trials)} trials, {len(todo)} to run, logs in {suite_dir}", flush=True)
     for t in trials:
