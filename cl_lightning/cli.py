@@ -3,69 +3,327 @@
 A LightningCLI in subclass mode: the learner is any :class:`ContinualLearner` chosen by ``class_path``, the
 benchmark is injected into the one :class:`StreamDataModule` by ``class_path``, data shapes are linked from the
 data module to the learner, and ``trainer.max_epochs`` is filled in from the stream's number of tasks.
+
+What the CLI adds to every run, so a run can be trusted:
+
+- **errors**: a mistake in the config or on the command line is one line (``error: …``), exit code 2, no
+  traceback (``--debug`` or ``CL_LIGHTNING_DEBUG=1`` shows it), and nothing is written under ``logs/``: the
+  config, the checkpoint and the data are checked before the Trainer creates the run folder;
+- **divergence**: :class:`~cl_lightning.callbacks.divergence.DivergenceStop` stops a run whose loss or weights
+  turn NaN/inf (exit code 1), before that task's evaluation and checkpoint;
+- **resume**: ``--ckpt_path`` continues the *same* run (its ``version_N`` folder, TensorBoard curves purged of
+  the steps after the checkpoint); ``--ckpt_path last`` finds the newest run of the config; a checkpoint built
+  with another learner or other hyperparameters is refused, listing the differences
+  (``--accept_changed_hparams true`` resumes anyway, with the config's values);
+- **crash safety**: checkpoints are written by :class:`~cl_lightning.checkpointing.AtomicCheckpointIO`
+  (temporary file, fsync, rename), so ``kill -9`` at any moment leaves a checkpoint to resume from;
+- **quiet output**: no deprecation warnings or advertisements; a summary of the run is the last thing printed.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+import sys
+import time
 import warnings
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
 
-from lightning.pytorch import Callback, Trainer
+from jsonargparse import Namespace
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
 
 import cl_lightning.callbacks
 import cl_lightning.data
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
+from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
+from cl_lightning.checkpointing import (
+    AtomicCheckpointIO,
+    CheckpointError,
+    hparam_differences,
+    last_checkpoint,
+    logged_steps,
+    newest_run,
+    read_checkpoint,
+    remove_temp_files,
+    run_folder,
+    version_of,
+)
+from cl_lightning.cli_errors import DEBUG_HINT, ConciseArgumentParser, UsageError, describe
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.learners.base import ContinualLearner
 
+DESCRIPTION = (
+    "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
+    "(fast-weight) attention and their baselines on Permuted MNIST, slowly changing regression and Split "
+    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with "
+    "`python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick.yaml`; "
+    "`python -m cl_lightning fit --model.help QueryOnlyAttention` documents a learner; "
+    "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks."
+)
+
+
+@dataclass
+class Resume:
+    """Where a run resumes: its ``version_N`` folder (``None``: a new one), checkpoint path and loaded contents."""
+
+    run: Path | None
+    path: Path | None
+    checkpoint: dict[str, Any] | None
+
+
+def _experiment_dir(config: Namespace) -> Path | None:
+    """``<save_dir>/<name>`` of the config's logger (TensorBoard or CSV), the parent of its ``version_N`` runs."""
+    logger = config.trainer.get("logger")
+    init = logger.get("init_args") if isinstance(logger, Namespace) else None
+    if init is None or init.get("save_dir") is None:
+        return None
+    return Path(init.save_dir) / (init.get("name") or "lightning_logs")
+
 
 class CLI(LightningCLI):
-    """LightningCLI with the stream → learner links and one epoch per task."""
+    """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
+
+    resume: Resume | None = None
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link the data module's shapes into the learner (they are never typed in a config)."""
         for name in ("input_shape", "num_outputs", "task_type"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
+        parser.add_argument(
+            "--accept_changed_hparams",
+            type=bool,
+            default=False,
+            help="Resume from a checkpoint whose learner hyperparameters differ from the config (the config's win).",
+        )
+
+    def _parse_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path`` (``last`` → the newest run's checkpoint) and check it opens; never let the
+        checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are compared
+        after instantiation instead)."""
+        sub = self.config.get("subcommand")
+        if not sub or self.config[sub].get("ckpt_path") is None:
+            return
+        config = self.config[sub]
+        given = str(config.ckpt_path)
+        if given in ("best", "hpc") or given.startswith("registry"):
+            return  # Lightning's own meanings
+        experiment = _experiment_dir(config)
+        if given == "last":
+            if experiment is None:
+                raise UsageError("--ckpt_path last needs a logger with a save_dir (it looks for <save_dir>/<name>/)")
+            run = newest_run(experiment)
+            if run is None:
+                raise UsageError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
+            path = last_checkpoint(run)
+            if path is None:  # killed before its first checkpoint: start that run over, in its own folder
+                config.ckpt_path = None
+                self._resume_into(config, Resume(run, None, None))
+                return
+        else:
+            path = Path(given)
+        checkpoint = read_checkpoint(path)
+        run = run_folder(path)
+        if run is not None and (experiment is None or run.parent.resolve() != experiment.resolve()):
+            run = None  # another config's run: this one starts a new version
+        config.ckpt_path = str(path)
+        self._resume_into(config, Resume(run, path, checkpoint))
+
+    def _resume_into(self, config: Namespace, resume: Resume) -> None:
+        self.resume = resume
+        if resume.run is not None and self.config.subcommand == "fit":
+            config.trainer.logger.init_args.version = version_of(resume.run)
 
     def before_instantiate_classes(self) -> None:
         """Set ``trainer.max_epochs`` to the stream's ``num_tasks`` unless the config sets it."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         stream = config.data.stream
         num_tasks = stream.init_args.get("num_tasks") if hasattr(stream, "init_args") else None
-        if num_tasks is None:
-            return
-        if config.trainer.max_epochs is None:
+        if num_tasks is not None and config.trainer.max_epochs is None:
             config.trainer.max_epochs = num_tasks
 
+    def instantiate_classes(self) -> None:
+        """Build the data module, learner and Trainer; a constructor's ``TypeError`` is a config mistake here."""
+        try:
+            super().instantiate_classes()
+        except TypeError as error:
+            raise UsageError(describe(error)) from error
+
+    def after_instantiate_classes(self) -> None:
+        """Refuse a checkpoint of another learner or other hyperparameters; purge the resumed run's later steps."""
+        resume = self.resume
+        if resume is None:
+            return
+        if resume.checkpoint is not None:
+            differences = hparam_differences(resume.checkpoint.get("hyper_parameters", {}), dict(self.model.hparams))
+            if differences and not self.config[self.subcommand].get("accept_changed_hparams"):
+                raise CheckpointError(
+                    f"--ckpt_path {resume.path} does not match the config: {'; '.join(differences)}. "
+                    "Fix the config, or pass --accept_changed_hparams true to resume with the config's values"
+                )
+            if differences:
+                self.trainer.callbacks.append(_ConfigOptimizerValues())
+        logger = self.trainer.logger
+        if resume.run is not None and isinstance(logger, TensorBoardLogger):
+            # TensorBoard drops the steps a killed run logged after its checkpoint: one run, continuous curves.
+            # (A public TensorBoardLogger argument has no slot for SummaryWriter's purge_step, hence _kwargs.)
+            step = logged_steps(resume.checkpoint) + 1 if resume.checkpoint is not None else 0
+            logger._kwargs["purge_step"] = step
+
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        """Add the task-counting progress bar unless the config turns bars off or brings its own."""
+        """Add the task progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
         configured = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in configured):
             callbacks = [*callbacks, TaskProgressBar()]
+        if not any(isinstance(c, DivergenceStop) for c in configured):
+            callbacks = [*callbacks, DivergenceStop()]
+        plugins = config.get("plugins") or []
+        plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            config["plugins"] = [*plugins, AtomicCheckpointIO()]
         return super()._instantiate_trainer(config, callbacks)
 
+    def before_fit(self) -> None:
+        """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs and data on disk."""
+        trainer, data = self.trainer, self.datamodule
+        if isinstance(data, StreamDataModule) and not trainer.fast_dev_run:
+            if trainer.max_epochs != data.num_tasks:
+                raise UsageError(
+                    f"trainer.max_epochs ({trainer.max_epochs}) must equal data.stream.init_args.num_tasks "
+                    f"({data.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
+                )
+            if trainer.reload_dataloaders_every_n_epochs != 1:
+                raise UsageError("trainer.reload_dataloaders_every_n_epochs must be 1 (each epoch serves a new task)")
+        data.prepare_data()
+        if self.resume is not None and self.resume.run is not None:
+            remove_temp_files(self.resume.run / "checkpoints")
+        self._started = time.monotonic()
 
-def main(args: list[str] | None = None, run: bool = True) -> CLI:
-    """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script."""
+    def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
+        """``Trainer.fit``; a run that fails before its first step leaves no new folder behind."""
+        log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
+        new_folders = [p for p in (log_dir, log_dir.parent) if not p.exists()] if log_dir is not None else []
+        try:
+            self.trainer.fit(model, datamodule, **kwargs)
+        except Exception as error:
+            started = self.trainer.fit_loop.epoch_loop.batch_progress.total.completed > 0
+            if not started and not isinstance(error, DivergenceError):
+                for folder in new_folders:  # the run folder, then its config's folder if this run made it
+                    shutil.rmtree(folder, ignore_errors=True)
+            raise
+
+    def after_fit(self) -> None:
+        """Print what happened and where it is, as the last lines of the run."""
+        sys.stdout.write(run_summary(self.trainer, time.monotonic() - getattr(self, "_started", time.monotonic())))
+
+
+class _ConfigOptimizerValues(Callback):
+    """After a resume with accepted changes, the config's optimiser values (``lr`` …) replace the checkpoint's.
+
+    Lightning restores each optimiser's param groups, learning rate included, from the checkpoint; the optimiser's
+    ``defaults`` still hold the values it was built with from the config. The state (moments, steps) is kept.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Copy each optimiser's configured values into its restored param groups."""
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group.update({k: v for k, v in optimizer.defaults.items() if k in group and k != "params"})
+
+
+def run_summary(trainer: Trainer, seconds: float) -> str:
+    """Two lines: tasks done and the final scores; where the logs and the checkpoint are and how to continue."""
+    done, total = trainer.current_epoch, trainer.max_epochs
+    status = "stopped early" if trainer.interrupted else "finished"
+    scores = []
+    for name in ("eval/forward", "eval/backward", "forgetting/avg"):
+        for key, value in sorted(trainer.callback_metrics.items()):
+            if key.startswith(name) and key.count("/") == name.count("/") and value.numel() == 1:
+                scores.append(f"{key} {float(value):.4g}")
+    minutes, secs = divmod(round(seconds), 60)
+    line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s"
+    line += f"; last task: {', '.join(scores)}.\n" if scores else ".\n"
+    ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
+        trainer.checkpoint_callback, "best_model_path", ""
+    )
+    if trainer.logger is not None and trainer.log_dir:
+        line += f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})"
+    line += f"; checkpoint: {ckpt} (continue with --ckpt_path last).\n" if ckpt else "; no checkpoint kept.\n"
+    return line
+
+
+class _DropAdverts(logging.Filter):
+    """Drops Lightning's "💡 Tip: … try installing …" advertisements."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless" not in record.getMessage()
+
+
+def _quiet() -> None:
+    """Silence what is expected on a stream and the libraries' deprecation notices and advertisements."""
     # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
     # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
-    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload (a library mismatch, not ours).
+    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
+    # calls the deprecated torch.jit.script internally: library mismatches, not ours.
     for message in (
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
         ".*`training_step` returned `None`.*",
         ".*`IterableDataset` has `__len__` defined.*",
         ".*smaller than the logging interval.*",
+        ".*`torch.jit.script` is deprecated.*",
     ):
         warnings.filterwarnings("ignore", message=message)
-    return CLI(
-        ContinualLearner,
-        StreamDataModule,
-        subclass_mode_model=True,
-        auto_configure_optimizers=False,
-        save_config_kwargs={"overwrite": True},
-        args=args,
-        run=run,
-    )
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in log.filters):
+            log.addFilter(_DropAdverts())
+
+
+def main(args: list[str] | None = None, run: bool = True) -> CLI:
+    """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script.
+
+    Config and command-line mistakes exit with code 2 and one ``error:`` line; a diverged run exits with code 1.
+    ``--debug`` (anywhere in the arguments) or ``CL_LIGHTNING_DEBUG=1`` shows full tracebacks instead.
+    """
+    argv = sys.argv if args is None else args
+    debug = "--debug" in argv or os.environ.get("CL_LIGHTNING_DEBUG", "0") not in ("", "0")
+    if args is None:
+        while "--debug" in sys.argv:  # LightningCLI reads sys.argv itself
+            sys.argv.remove("--debug")
+    else:
+        args = [a for a in args if a != "--debug"]
+    ConciseArgumentParser.debug = debug
+    _quiet()
+    try:
+        return CLI(
+            ContinualLearner,
+            StreamDataModule,
+            subclass_mode_model=True,
+            auto_configure_optimizers=False,
+            save_config_kwargs={"overwrite": True},
+            parser_class=ConciseArgumentParser,
+            parser_kwargs={"description": DESCRIPTION, "prog": "python -m cl_lightning"},
+            args=args,
+            run=run,
+        )
+    except DivergenceError as error:
+        if debug:
+            raise
+        _fail(error, code=1)
+    except (ValueError, FileNotFoundError, NotADirectoryError, ImportError) as error:
+        if debug:
+            raise
+        _fail(error, code=2)
+
+
+def _fail(error: BaseException, code: int) -> NoReturn:
+    hint = "" if isinstance(error, DivergenceError) else f" ({DEBUG_HINT})"
+    sys.stderr.write(f"error: {describe(error)}{hint}\n")
+    raise SystemExit(code)

@@ -1,0 +1,101 @@
+"""Stop a run whose loss or weights stop being finite, naming the task, the step and the likely cause."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import Tensor
+
+
+class DivergenceError(RuntimeError):
+    """Training produced a non-finite loss or weight; the run stopped before evaluating or checkpointing it."""
+
+
+def _loss_of(outputs: Any) -> Tensor | None:
+    """The loss a ``training_step`` returned (a tensor, or ``{"loss": tensor}``), if any."""
+    if isinstance(outputs, dict):
+        outputs = outputs.get("loss")
+    return outputs if isinstance(outputs, Tensor) else None
+
+
+class DivergenceStop(Callback):
+    """Raises :class:`DivergenceError` as soon as a training loss, or at a task's end a weight, is NaN or infinite.
+
+    A diverged learner otherwise trains on through every task with ``nan`` metrics and exits normally. The check
+    runs before the task's evaluation and before its checkpoint, so the newest checkpoint on disk is the last good
+    one. The CLI adds this callback to every run.
+
+    Cost: the finiteness of each step's loss is folded into one device flag (no host synchronisation); the flag is
+    read every ``check_every_n_steps`` steps and at each task's end, where the parameters are checked too (one
+    synchronisation per task).
+
+    Args:
+        check_every_n_steps: Read the flag every this many steps. ``None``: every step on the CPU (exact step in the
+            message, no cost), every 100 steps on an accelerator (the message then names a range of steps).
+    """
+
+    def __init__(self, check_every_n_steps: int | None = None) -> None:
+        if check_every_n_steps is not None and check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1 or null, got {check_every_n_steps}")
+        self.check_every_n_steps = check_every_n_steps
+        self._flag: Tensor | None = None
+        self._last_checked = 0
+
+    def _interval(self, pl_module: LightningModule) -> int:
+        if self.check_every_n_steps is not None:
+            return self.check_every_n_steps
+        return 1 if pl_module.device.type == "cpu" else 100
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Start the task with a clear flag."""
+        self._flag = None
+        self._last_checked = trainer.fit_loop.epoch_loop._batches_that_stepped
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Fold this step's loss into the flag; read the flag every ``check_every_n_steps`` steps."""
+        loss = _loss_of(outputs)
+        if loss is not None:
+            bad = ~torch.isfinite(loss.detach()).all()
+            self._flag = bad if self._flag is None else self._flag | bad
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped
+        if step - self._last_checked >= self._interval(pl_module):
+            self._check(trainer, pl_module, step)
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """At the task's end, before its evaluation and checkpoint: the pending flag and every parameter."""
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self._check(trainer, pl_module, trainer.fit_loop.epoch_loop._batches_that_stepped, weights=True)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The same check for runs without evaluation."""
+        self._check(trainer, pl_module, trainer.fit_loop.epoch_loop._batches_that_stepped, weights=True)
+
+    def _check(self, trainer: Trainer, pl_module: LightningModule, step: int, weights: bool = False) -> None:
+        first = self._last_checked + 1
+        self._last_checked = step
+        if self._flag is not None and bool(self._flag):
+            self._raise(trainer, pl_module, "the training loss is NaN or infinite", first, step)
+        if weights:
+            params = [p.detach() for p in pl_module.parameters()]
+            if params and not bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+                self._raise(trainer, pl_module, "a weight is NaN or infinite", None, step)
+
+    @staticmethod
+    def _raise(trainer: Trainer, pl_module: LightningModule, what: str, first: int | None, step: int) -> None:
+        task = trainer.current_epoch
+        where = f"step {step}" if first is None or first >= step else f"steps {first}-{step}"
+        lrs = sorted({g["lr"] for opt in trainer.optimizers for g in opt.param_groups if "lr" in g})
+        lr = f" (lr {', '.join(f'{v:g}' for v in lrs)})" if lrs else ""
+        ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
+            trainer.checkpoint_callback, "best_model_path", ""
+        )
+        kept = f"; the last good checkpoint is {ckpt}" if ckpt else "; no checkpoint was written before it"
+        raise DivergenceError(
+            f"training diverged in task {task} ({where} of the run): {what}. Likely cause: a learning rate too high "
+            f"for {type(pl_module).__name__}{lr}; lower model.init_args.optimizer.init_args.lr{kept}"
+        )

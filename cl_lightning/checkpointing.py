@@ -1,0 +1,162 @@
+"""Checkpoints a run can trust: atomic writes, finding a config's newest run, and checking a checkpoint fits a config.
+
+- :class:`AtomicCheckpointIO` writes each checkpoint to a temporary file in the same folder, flushes it to disk and
+  renames it over the target, so a process killed at any moment leaves either the old checkpoint or the new one,
+  never a truncated file.
+- :func:`newest_run`, :func:`last_checkpoint` and :func:`run_folder` map a config's logger folder
+  (``<save_dir>/<name>/version_N/checkpoints/``) to the checkpoint ``--ckpt_path last`` resumes from.
+- :func:`read_checkpoint` opens a checkpoint cheaply (memory-mapped) and turns a truncated or foreign file into one
+  clear :class:`CheckpointError`; :func:`hparam_differences` lists what a checkpoint's learner was built with that
+  the config now asks otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+_VERSION = re.compile(r"version_(\d+)")
+TEMP_MARK = ".tmp"  # a checkpoint being written is ``<name>.ckpt.tmp<pid>`` beside its target
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from: missing, truncated, foreign, or built with other hyperparameters."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint I/O with crash-safe local writes: temporary file, ``fsync``, then ``os.replace``.
+
+    ``os.replace`` is atomic on POSIX and Windows file systems, so a ``kill -9`` during a write leaves the previous
+    checkpoint intact (plus a stray ``*.ckpt.tmp<pid>`` file, removed by :func:`remove_temp_files` on resume).
+    Remote paths (``s3://`` …) go through Lightning's own writer.
+    """
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        """Write ``checkpoint`` to ``path`` atomically (local paths)."""
+        if "://" in str(path) or storage_options is not None:
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f"{target.name}{TEMP_MARK}{os.getpid()}")
+        try:
+            with open(temp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+        _fsync_folder(target.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_temp_files(folder: Path) -> list[Path]:
+    """Delete half-written checkpoints (``*.ckpt.tmp<pid>``) a killed run left in ``folder``; returns them."""
+    stale = sorted(folder.glob(f"*.ckpt{TEMP_MARK}*")) if folder.is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def run_folder(ckpt_path: Path) -> Path | None:
+    """The ``version_N`` folder a checkpoint belongs to (``…/version_N/checkpoints/x.ckpt``), else ``None``."""
+    parent = ckpt_path.resolve().parent
+    if parent.name == "checkpoints" and _VERSION.fullmatch(parent.parent.name):
+        return parent.parent
+    return None
+
+
+def version_of(run: Path) -> int:
+    """``N`` of a ``version_N`` folder."""
+    match = _VERSION.fullmatch(run.name)
+    if match is None:
+        raise ValueError(f"{run} is not a version_N run folder")
+    return int(match.group(1))
+
+
+def newest_run(experiment: Path) -> Path | None:
+    """The ``version_N`` folder with the highest ``N`` under a logger's ``<save_dir>/<name>``, if any."""
+    runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
+    return max(runs, key=version_of) if runs else None
+
+
+def last_checkpoint(run: Path) -> Path | None:
+    """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``."""
+    folder = run / "checkpoints"
+    if (folder / "last.ckpt").is_file():
+        return folder / "last.ckpt"
+    found = [p for p in folder.glob("*.ckpt") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Open a checkpoint memory-mapped on the CPU (cheap however large), or raise one clear :class:`CheckpointError`."""
+    if not path.is_file():
+        raise CheckpointError(f"--ckpt_path {path}: no such file")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError … for a damaged file
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(
+            f"--ckpt_path {path}: not a readable checkpoint (truncated or not written by torch.save: {first[:120]})"
+        ) from error
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
+        raise CheckpointError(f"--ckpt_path {path}: not a Lightning training checkpoint (no state_dict or loop state)")
+    return checkpoint
+
+
+def logged_steps(checkpoint: dict[str, Any]) -> int:
+    """The logging step a checkpoint resumes at (Lightning's ``_batches_that_stepped``; ``global_step`` if absent)."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    return int(loop.get("_batches_that_stepped", checkpoint.get("global_step", 0)))
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts to dotted keys; tuples as lists (a YAML round trip turns one into the other)."""
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            out.update(_flatten(item, f"{prefix}{key}."))
+        return out
+    if isinstance(value, tuple):
+        value = list(value)
+    return {prefix.rstrip("."): value}
+
+
+def hparam_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """What differs between a checkpoint's hyperparameters and the config's, as ``key: checkpoint X, config Y``.
+
+    A different learner class is the one difference reported; Lightning's ``_instantiator`` bookkeeping is ignored.
+    """
+    a = {k: v for k, v in _flatten(dict(saved)).items() if not k.startswith("_instantiator")}
+    b = {k: v for k, v in _flatten(dict(current)).items() if not k.startswith("_instantiator")}
+    if a.get("_class_path") != b.get("_class_path"):  # another learner: its options are beside the point
+        old, new = (str(d.get("_class_path", "?")).rpartition(".")[2] for d in (a, b))
+        return [f"the checkpoint is a {old}, the config asks for a {new}"]
+    missing = object()
+    out = []
+    for key in sorted(a.keys() | b.keys(), key=lambda k: (k != "_class_path", k)):
+        old, new = a.get(key, missing), b.get(key, missing)
+        if old != new:
+            show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
+            out.append(f"{key}: checkpoint {show(old)}, config {show(new)}")
+    return out

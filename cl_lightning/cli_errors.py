@@ -1,0 +1,170 @@
+"""One-line messages for the command line's errors: a config or command-line mistake names the option and what it
+accepts, instead of jsonargparse's nested union report or a traceback through the Trainer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+import re
+import sys
+from types import TracebackType
+from typing import Any
+
+from jsonargparse import ArgumentParser
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+DEBUG_HINT = "traceback: --debug"
+_LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
+
+
+class UsageError(ValueError):
+    """A mistake in the config or on the command line, already worded for the user."""
+
+
+def _import(class_path: str) -> type | None:
+    module, _, name = class_path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _options(class_path: str) -> list[str]:
+    """The ``init_args`` a class accepts (its ``__init__`` keywords), linked ones left out."""
+    cls = _import(class_path)
+    if cls is None:
+        return []
+    params = inspect.signature(cls.__init__).parameters.values()
+    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    return [p.name for p in params if p.name != "self" and p.kind not in kinds and p.name not in _LINKED]
+
+
+def _choices(key: str) -> list[str]:
+    """Short class names a ``class_path`` option accepts: learners for ``model``, streams for ``data.stream``."""
+    if key == "model":
+        import cl_lightning.learners as package
+
+        base = package.ContinualLearner
+    elif key.endswith("stream"):
+        import cl_lightning.data as package
+
+        base = package.TaskStream
+    else:
+        return []
+    found = [getattr(package, name) for name in package.__all__]
+    return [c.__name__ for c in found if inspect.isclass(c) and issubclass(c, base) and c is not base]
+
+
+def _did_you_mean(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _key_path(message: str) -> tuple[str, str | None]:
+    """The dotted option a nested jsonargparse message is about, and the innermost ``class_path`` on that path."""
+    path, class_path = "", None
+    for match in re.finditer(r"Parser key \"([^\"]+)\"|Problem with given class_path '([^']+)'", message):
+        if match.group(1):
+            path = f"{path}.{match.group(1)}" if path else match.group(1)
+        else:
+            class_path = match.group(2)
+            path += ".init_args"
+    return path, class_path
+
+
+def _short_type(text: str) -> str:
+    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
+    return text.replace("NoneType", "null")
+
+
+def concise_parse_error(message: str) -> str:
+    """One line from a jsonargparse error report: the option, what is wrong, and what it accepts."""
+    path, class_path = _key_path(message)
+    tail = message[message.rfind('Parser key "') :] if 'Parser key "' in message else message
+    nested = re.search(r"Got value: Namespace\(class_path='([^']+)'", tail)  # a callable's class (optimizer)
+    if nested:
+        class_path, path = nested.group(1), f"{path}.init_args"
+    unknown = re.search(r"Option '([^']+)' is not accepted|Key \"?'?([\w.]+)'?\"? is not expected", message)
+    if unknown:
+        option = unknown.group(1) or unknown.group(2)
+        if class_path:
+            options = _options(class_path)
+            name = class_path.rpartition(".")[2]
+            return (
+                f"{path}.{option}: {name} has no option '{option}'{_did_you_mean(option, options)}; "
+                f"its options: {', '.join(options)}"
+            )
+        return f"unknown option '{option}'"
+    bad_class = re.search(
+        r"Expected a dot import path string: (\S+)|Expected a path but (\S+) either not accessible"
+        r"|Import path (\S+) does not correspond",
+        message,
+    )
+    if bad_class and path:
+        given = next(g for g in bad_class.groups() if g)
+        choices = _choices(path)
+        listed = f"; choose one of: {', '.join(choices)}" if choices else ""
+        return f"{path}: unknown class '{given}'{_did_you_mean(given, choices)}{listed}"
+    given = re.search(r"Given value: (.*)", tail)
+    if given and path:
+        subtypes = re.search(r"Subtypes: \[(.*)\]", tail)
+        expected = re.search(r"Expected a (.*)", tail)
+        wanted = _short_type(subtypes.group(1) if subtypes else expected.group(1) if expected else "another type")
+        return f"{path}: expected {wanted.replace(', ', ' or ')}, got {given.group(1).strip()!r}"
+    if message.startswith("unrecognized arguments"):
+        return f"{message.strip()} (python -m cl_lightning fit --help lists the options)"
+    lines = [line.strip(" -") for line in message.strip().splitlines() if line.strip(" -")]
+    return "; ".join(lines[:2])[:300]
+
+
+def _debugging() -> bool:
+    return ConciseArgumentParser.debug
+
+
+class ConciseArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, whose errors are one line (``error: …``) and exit code 2 instead of 30–70 lines of
+    usage and nested union reports. With ``debug`` set (``--debug``) it reports as jsonargparse does.
+    """
+
+    debug = False
+
+    def error(self, message: str, ex: Exception | None = None) -> Any:
+        """Write one line and exit with code 2 (jsonargparse's internal, non-exiting parsers are left alone)."""
+        if not self.exit_on_error or type(self).debug:
+            return ArgumentParser.error(self, message, ex)
+        sys.stderr.write(f"error: {concise_parse_error(message)}\n")
+        raise SystemExit(2)
+
+
+def origin(error: BaseException) -> str | None:
+    """The class whose ``__init__`` raised ``error`` (the innermost constructor on its traceback), if any."""
+    tb: TracebackType | None = error.__traceback__
+    found = None
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code.co_name == "__init__" and not isinstance(
+            frame.f_locals.get("self"), (LightningCLI, type(None))
+        ):
+            found = type(frame.f_locals["self"]).__name__
+        tb = tb.tb_next
+    return found
+
+
+def describe(error: BaseException) -> str:
+    """The one-line message of an error the CLI reports without a traceback."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    if isinstance(error, UsageError):
+        return text
+    if "Union subtypes" in text:  # jsonargparse wrapped a constructor's error: the first real one, and its class
+        cause = error.__cause__ or error.__context__
+        if cause is not None and "Union subtypes" not in str(cause):
+            return describe(cause)
+        reasons = [r for r in re.findall(r"- (.*?)(?= - |Given value|$)", text) if "NoneType" not in r]
+        class_path = re.search(r"class_path='([^']+)'", text)
+        if reasons:
+            name = class_path.group(1).rpartition(".")[2] if class_path else None
+            return f"{name}: {reasons[0].strip()}" if name else reasons[0].strip()
+    where = origin(error)
+    return f"{where}: {text}" if where and not text.startswith(where) else text

@@ -1,0 +1,188 @@
+"""A run a user can trust: divergence stops it, `--ckpt_path` continues the same run, `kill -9` at any moment loses
+nothing but time (resumed == uninterrupted, one TensorBoard run), and checkpoint writes are atomic."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import BACKPROP, QOA, ROOT, tiny_args
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from cl_lightning.checkpointing import AtomicCheckpointIO, hparam_differences, read_checkpoint
+from cl_lightning.cli import main
+
+CHECKPOINTS = ["--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"]
+SGD = ["--model=cl_lightning.learners.Backprop", "--model.hidden_sizes=[32, 32]", "--model.optimizer=torch.optim.SGD"]
+
+
+def _run(root: Path) -> Path:
+    return root / "logs" / "tiny" / "version_0"
+
+
+def _scalars(run: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar curve of a run folder as TensorBoard reads it (time-based cost/* left out)."""
+    events = EventAccumulator(str(run), size_guidance={"scalars": 0})
+    events.Reload()
+    tags = [t for t in events.Tags()["scalars"] if not t.startswith("cost/")]
+    return {t: [(e.step, e.value) for e in events.Scalars(t)] for t in tags}
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Two good tasks, then lr 1e6 from task 2 on: exit 1, a message naming task, step and cause, last.ckpt kept."""
+    main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=2, extra=CHECKPOINTS)])
+    last = _run(tmp_path) / "checkpoints" / "last.ckpt"
+    before = _digest(last)
+    capsys.readouterr()
+    diverging = [*SGD, "--model.optimizer.lr=1e6"]
+    resume = [*CHECKPOINTS, "--ckpt_path=last", "--accept_changed_hparams=true"]
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *tiny_args(tmp_path, diverging, tasks=3, extra=resume)])
+    assert stop.value.code == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(err) == 1
+    assert "training diverged in task 2 (step 34 of the run)" in err[0]  # 2 tasks of 16 chunks; step 33 updates
+    assert "learning rate too high for Backprop (lr 1e+06)" in err[0]
+    assert f"the last good checkpoint is {last}" in err[0]
+    assert _digest(last) == before
+    assert read_checkpoint(last)["epoch"] == 1
+
+
+def test_diverging_run_without_a_checkpoint_says_so(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=1e6"], tasks=2)])
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert "training diverged in task 0 (step 2 of the run)" in err
+    assert "no checkpoint was written before it" in err
+    assert "Traceback" not in err
+
+
+def test_resume_continues_the_same_run_folder_and_curves(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """2 tasks, then `--ckpt_path last` to 4 tasks: one version_0 folder, one curve per metric, steps increasing."""
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=CHECKPOINTS)])
+    capsys.readouterr()
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=4, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    out = capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "logs" / "tiny").iterdir()) == ["version_0"]
+    curves = _scalars(_run(tmp_path))
+    steps = [step for step, _ in curves["eval/forward_acc"]]
+    assert steps == [15, 31, 47, 63]  # the last step of each task
+    assert [step for step, _ in curves["eval/backward_acc"]] == [31, 47, 63]
+    summary = out.strip().splitlines()[-2:]  # the run's summary is the last thing printed
+    assert summary[0].startswith("Run finished: 4/4 tasks")
+    assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[1]
+
+
+def test_accepted_changes_use_the_config_values(tmp_path: Path) -> None:
+    """`--accept_changed_hparams`: the config's learning rate replaces the one restored from the checkpoint."""
+    main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=1, extra=CHECKPOINTS)])
+    extra = [*CHECKPOINTS, "--ckpt_path=last", "--accept_changed_hparams=true"]
+    cli = main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.002"], tasks=2, extra=extra)])
+    assert cli.trainer.optimizers[0].param_groups[0]["lr"] == 0.002
+    saved = read_checkpoint(_run(tmp_path) / "checkpoints" / "last.ckpt")
+    assert saved["optimizer_states"][0]["param_groups"][0]["lr"] == 0.002
+
+
+def test_hparam_differences_lists_each_changed_value() -> None:
+    saved = {"_class_path": "a.B", "hidden": (3, 4), "optimizer": {"init_args": {"lr": 0.1}}, "_instantiator": "x"}
+    same = {"_class_path": "a.B", "hidden": [3, 4], "optimizer": {"init_args": {"lr": 0.1}}}
+    assert hparam_differences(saved, same) == []
+    changed = {"_class_path": "a.B", "hidden": [3], "optimizer": {"init_args": {"lr": 0.2}}, "seed": 1}
+    assert hparam_differences(saved, changed) == [
+        "hidden: checkpoint [3, 4], config [3]",
+        "optimizer.init_args.lr: checkpoint 0.1, config 0.2",
+        "seed: checkpoint (absent), config 1",
+    ]
+    assert hparam_differences(saved, {"_class_path": "a.C"}) == ["the checkpoint is a B, the config asks for a C"]
+
+
+def test_atomic_write_leaves_the_old_checkpoint_when_the_write_fails(tmp_path: Path) -> None:
+    """A write that dies half-way (here: an object torch.save cannot pickle) leaves the previous file intact."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": torch.tensor(1)}, path)
+    with pytest.raises(Exception, match="pickle"):
+        io.save_checkpoint({"step": torch.tensor(2), "bad": lambda: None}, path)
+    assert torch.load(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
+def _start(root: Path, learner: list[str], resume: bool) -> subprocess.Popen:
+    extra = [*CHECKPOINTS, *(["--ckpt_path=last"] if resume else [])]
+    cmd = [sys.executable, "-m", "cl_lightning", "fit", *tiny_args(root, learner, tasks=3, extra=extra)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_during_checkpoint_write(proc: subprocess.Popen, folder: Path) -> bool:
+    """SIGKILL the moment a temporary checkpoint file exists; True if that happened before the run ended."""
+    while proc.poll() is None:
+        if folder.is_dir() and any(".ckpt.tmp" in name for name in os.listdir(folder)):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+    return False
+
+
+def _kill_at_random(proc: subprocess.Popen, run: Path, rng: random.Random) -> None:
+    """SIGKILL at a random moment of training or evaluation (after the run folder exists)."""
+    while proc.poll() is None and not list(run.glob("events.out.tfevents.*")):
+        time.sleep(0.01)
+    time.sleep(rng.uniform(0.0, 1.5))
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[str], random_kills: int = 2) -> None:
+    """One kill during a checkpoint write, `random_kills` kills at random moments, each followed by
+    `--ckpt_path last`; the final curves equal an uninterrupted run's and there is one run folder."""
+    main(["fit", *tiny_args(tmp_path / "straight", learner, tasks=3, extra=CHECKPOINTS)])
+    expected = _scalars(_run(tmp_path / "straight"))
+    root = tmp_path / "killed"
+    root.mkdir()
+    run, rng = _run(root), random.Random(0)
+    caught = False
+    for attempt in range(1 + random_kills + 5):
+        proc = _start(root, learner, resume=attempt > 0)
+        if not caught:
+            caught = _kill_during_checkpoint_write(proc, run / "checkpoints")
+            assert caught or proc.returncode == 0, proc.stderr.read()[-2000:]
+        elif attempt <= random_kills:
+            _kill_at_random(proc, run, rng)
+        else:
+            assert proc.wait() == 0, proc.stderr.read()[-2000:]
+        if proc.returncode == 0:
+            if not caught:  # the run ended before a write was caught: start it over
+                continue
+            break
+    assert caught, "no kill landed during a checkpoint write"
+    assert proc.returncode == 0
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+    assert not list((run / "checkpoints").glob("*.tmp*"))
+    assert _scalars(run) == expected
+
+
+def test_kill_9_at_random_moments_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    assert_kills_then_resume_equal_uninterrupted(tmp_path, BACKPROP, random_kills=1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("learner", ["backprop", "qoa"])
+def test_kill_9_many_times(tmp_path: Path, learner: str) -> None:
+    assert_kills_then_resume_equal_uninterrupted(tmp_path, {"backprop": BACKPROP, "qoa": QOA}[learner], 3)
