@@ -142,13 +142,16 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def hparam_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+def hparam_differences(
+    saved: dict[str, Any], current: dict[str, Any], prefix: str = "", ignore: tuple[str, ...] = ()
+) -> list[str]:
     """What differs between a checkpoint's hyperparameters and the config's, as ``key: checkpoint X, config Y``.
 
-    A different learner class is the one difference reported; Lightning's ``_instantiator`` bookkeeping is ignored.
+    A different learner class is the one difference reported; Lightning's ``_instantiator`` bookkeeping and the
+    dotted keys in ``ignore`` are left out; ``prefix`` is put before each key in the messages.
     """
-    a = {k: v for k, v in _flatten(dict(saved)).items() if not k.startswith("_instantiator")}
-    b = {k: v for k, v in _flatten(dict(current)).items() if not k.startswith("_instantiator")}
+    a = {k: v for k, v in _flatten(dict(saved)).items() if not k.startswith("_instantiator") and k not in ignore}
+    b = {k: v for k, v in _flatten(dict(current)).items() if not k.startswith("_instantiator") and k not in ignore}
     if a.get("_class_path") != b.get("_class_path"):  # another learner: its options are beside the point
         old, new = (str(d.get("_class_path", "?")).rpartition(".")[2] for d in (a, b))
         return [f"the checkpoint is a {old}, the config asks for a {new}"]
@@ -158,5 +161,5 @@ def hparam_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
         old, new = a.get(key, missing), b.get(key, missing)
         if old != new:
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
-            out.append(f"{key}: checkpoint {show(old)}, config {show(new)}")
+            out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out

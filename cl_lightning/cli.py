@@ -140,6 +140,8 @@ class CLI(LightningCLI):
         self.resume = resume
         if resume.run is not None and self.config.subcommand == "fit":
             config.trainer.logger.init_args.version = version_of(resume.run)
+            # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
+            warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
 
     def before_instantiate_classes(self) -> None:
         """Set ``trainer.max_epochs`` to the stream's ``num_tasks`` unless the config sets it."""
@@ -157,12 +159,21 @@ class CLI(LightningCLI):
             raise UsageError(describe(error)) from error
 
     def after_instantiate_classes(self) -> None:
+        """Record the data config in checkpoints; check a resumed checkpoint against the config."""
+        if self.subcommand == "fit":
+            self._dump_config()
+            self.trainer.callbacks.append(DataRecord(self.config_dump.get("data") or {}))
+        if self.resume is not None:
+            self._check_resume(self.resume)
+
+    def _check_resume(self, resume: Resume) -> None:
         """Refuse a checkpoint of another learner or other hyperparameters; purge the resumed run's later steps."""
-        resume = self.resume
-        if resume is None:
-            return
         if resume.checkpoint is not None:
             differences = hparam_differences(resume.checkpoint.get("hyper_parameters", {}), dict(self.model.hparams))
+            record = resume.checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
+            if record is not None and self.subcommand == "fit":  # extending a stream (more tasks) is fine
+                data = self.config_dump.get("data") or {}
+                differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
             if differences and not self.config[self.subcommand].get("accept_changed_hparams"):
                 raise CheckpointError(
                     f"--ckpt_path {resume.path} does not match the config: {'; '.join(differences)}. "
@@ -222,6 +233,21 @@ class CLI(LightningCLI):
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""
         sys.stdout.write(run_summary(self.trainer, time.monotonic() - getattr(self, "_started", time.monotonic())))
+
+
+class DataRecord(Callback):
+    """Keeps the run's ``data`` config in its checkpoints, so a resume can check it regenerates the same stream.
+
+    Args:
+        data: The ``data`` section of the resolved config.
+    """
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data config, stored under ``checkpoint["callbacks"]["DataRecord"]``."""
+        return {"data": self.data}
 
 
 class _ConfigOptimizerValues(Callback):

@@ -34,7 +34,8 @@ def _bad_inputs(tmp: Path, ckpt: Path) -> dict[str, tuple[list[str], list[str], 
     truncated.write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
     empty = tmp / "empty_data"
     empty.mkdir(exist_ok=True)
-    mnist = ["--data.stream=cl_lightning.data.PermutedMNIST", "--data.stream.num_tasks=2", f"--data.stream.data_root={empty}"]
+    mnist = ["--data.stream=cl_lightning.data.PermutedMNIST", "--data.stream.num_tasks=2"]
+    mnist.append(f"--data.stream.data_root={empty}")
     return {
         "unknown learner": (["--model=Backprp"], [], "did you mean 'Backprop'"),
         "misspelt key in YAML": (BACKPROP, ["--config", str(misspelt)], "Backprop has no option 'hiden_sizes'"),
@@ -57,6 +58,11 @@ def _bad_inputs(tmp: Path, ckpt: Path) -> dict[str, tuple[list[str], list[str], 
             [f"--ckpt_path={ckpt}"],
             "optimizer.init_args.lr: checkpoint 0.01, config 0.5",
         ),
+        "another stream's checkpoint": (
+            BACKPROP,
+            [f"--ckpt_path={ckpt}", "--data.stream.seed=3"],
+            "data.stream.init_args.seed: checkpoint 0, config 3",
+        ),
         "nothing to resume": (BACKPROP, ["--ckpt_path=last"], "no run under"),
         "unknown option": (BACKPROP, ["--trainer.max_epochz=3"], "unrecognized arguments"),
         "invalid learning rate": (BACKPROP, ["--model.optimizer.lr=-1"], "Invalid learning rate"),
@@ -78,12 +84,14 @@ def test_bad_inputs_give_one_line_and_exit_2(
         assert stop.value.code == 2, name
         assert len(errors) == 1, (name, err)
         assert fragment in errors[0], (name, errors[0])
-        assert "Traceback" not in err and "usage:" not in err, (name, err)
+        assert "Traceback" not in err, (name, err)
+        assert "usage:" not in err, (name, err)
+        assert "Union subtypes" not in errors[0], (name, errors[0])
         assert not (run / "logs").exists() or not any((run / "logs").rglob("*")), (name, list(run.rglob("*")))
 
 
 def test_error_in_a_subprocess_has_no_traceback_and_debug_shows_it(tmp_path: Path) -> None:
-    """The real entry point: exit code 2 and one line; `--debug` gives the traceback instead."""
+    """The real entry point: exit code 2 and one line; `--debug` raises the error itself."""
     cmd = [sys.executable, "-m", "cl_lightning", "fit", *tiny_args(tmp_path, QOA, extra=["--model.support_size=0"])]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plain = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
@@ -93,16 +101,15 @@ def test_error_in_a_subprocess_has_no_traceback_and_debug_shows_it(tmp_path: Pat
         "error: QueryOnlyAttention: support_size and queries_per_step must be >= 1 and online_queries >= 0 "
         "(traceback: --debug)"
     ]
-    debug = subprocess.run([*cmd, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert debug.returncode == 1
-    assert "Traceback" in debug.stderr and "ValueError: support_size" in debug.stderr
     assert not (tmp_path / "logs").exists()
+    with pytest.raises(ValueError, match="support_size and queries_per_step must be >= 1"):  # --debug: the error
+        main([*cmd[3:], "--debug"])
 
 
 def test_help_says_what_the_package_is(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--help"])
     assert stop.value.code == 0
-    out = capsys.readouterr().out
+    out = " ".join(capsys.readouterr().out.split())
     assert "continual learning from a stream" in out
     assert "--model.help QueryOnlyAttention" in out

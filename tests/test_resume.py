@@ -40,9 +40,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(
-    tmp_path: Path, capsys: pytest.CaptureFixture
-) -> None:
+def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Two good tasks, then lr 1e6 from task 2 on: exit 1, a message naming task, step and cause, last.ckpt kept."""
     main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=2, extra=CHECKPOINTS)])
     last = _run(tmp_path) / "checkpoints" / "last.ckpt"
@@ -178,11 +176,60 @@ def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[s
     assert _scalars(run) == expected
 
 
+KILL_LEARNERS = {
+    "backprop": BACKPROP,
+    "qoa": QOA,
+    "cbp": [
+        "--model=cl_lightning.learners.ContinualBackprop",
+        "--model.hidden_sizes=[32, 32]",
+        "--model.replacement_rate=0.05",
+        "--model.maturity_threshold=5",
+        "--model.optimizer=cl_lightning.nn.AdamGnT",
+        "--model.optimizer.lr=0.01",
+    ],
+    "ewc": [
+        "--model=cl_lightning.learners.EWC",
+        "--model.hidden_sizes=[32, 32]",
+        "--model.ewc_lambda=100.0",
+        "--model.num_penalties=2",
+    ],
+    "knn": ["--model=cl_lightning.learners.KNN", "--model.memory_size=64", "--model.support_size=64", "--model.k=5"],
+    "full_attention": [
+        "--model=cl_lightning.learners.FullAttention",
+        "--model.memory_size=64",
+        "--model.support_size=48",
+        "--model.admit_last=null",
+        "--model.queries_per_step=16",
+        "--model.num_layers=2",
+    ],
+    "maml_replay": [
+        "--model=cl_lightning.learners.MAMLReplay",
+        "--model.hidden_sizes=[32]",
+        "--model.memory_size=64",
+        "--model.num_pseudo_tasks=2",
+        "--model.support_size=8",
+        "--model.query_size=8",
+        "--model.inner_steps=2",
+        "--model.admission_prob=1.0",
+        "--model.update_on=chunk",
+        "--trainer.inference_mode=false",
+        "--data.stream.chunk_size=32",
+    ],
+    "parametric_attention": [
+        "--model=cl_lightning.learners.ParametricAttention",
+        "--model.rule=gated_delta_rule",
+        "--model.hidden_sizes=[32]",
+        "--model.key_dim=16",
+    ],
+}
+
+
+@pytest.mark.slow  # ~70 s on 2 busy cores: five subprocess starts
 def test_kill_9_at_random_moments_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     assert_kills_then_resume_equal_uninterrupted(tmp_path, BACKPROP, random_kills=1)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("learner", ["backprop", "qoa"])
-def test_kill_9_many_times(tmp_path: Path, learner: str) -> None:
-    assert_kills_then_resume_equal_uninterrupted(tmp_path, {"backprop": BACKPROP, "qoa": QOA}[learner], 3)
+@pytest.mark.parametrize("learner", sorted(KILL_LEARNERS))
+def test_kill_9_many_times_every_learner(tmp_path: Path, learner: str) -> None:
+    assert_kills_then_resume_equal_uninterrupted(tmp_path, KILL_LEARNERS[learner], random_kills=3)
