@@ -7,7 +7,8 @@
   (``<save_dir>/<name>/version_N/checkpoints/``) to the checkpoint ``--ckpt_path last`` resumes from.
 - :func:`read_checkpoint` opens a checkpoint cheaply (memory-mapped) and turns a truncated or foreign file into one
   clear :class:`CheckpointError`; :func:`hparam_differences` lists what a checkpoint's learner was built with that
-  the config now asks otherwise.
+  the config now asks otherwise; :class:`DataRecord` keeps the data config in checkpoints to compare it too;
+  :class:`ConfigOptimizerValues` applies an accepted change of learning rate after the optimiser state is restored.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch import Callback, LightningModule, Trainer
 
 _VERSION = re.compile(r"version_(\d+)")
 TEMP_MARK = ".tmp"  # a checkpoint being written is ``<name>.ckpt.tmp<pid>`` beside its target
@@ -163,3 +165,32 @@ def hparam_differences(
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out
+
+
+class DataRecord(Callback):
+    """Keeps the run's ``data`` config in its checkpoints, so a resume can check it regenerates the same stream.
+
+    Args:
+        data: The ``data`` section of the resolved config.
+    """
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.data = data
+
+    def state_dict(self) -> dict[str, Any]:
+        """The data config, stored under ``checkpoint["callbacks"]["DataRecord"]``."""
+        return {"data": self.data}
+
+
+class ConfigOptimizerValues(Callback):
+    """After a resume with accepted changes, the config's optimiser values (``lr`` …) replace the checkpoint's.
+
+    Lightning restores each optimiser's param groups, learning rate included, from the checkpoint; the optimiser's
+    ``defaults`` still hold the values it was built with from the config. The state (moments, steps) is kept.
+    """
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Copy each optimiser's configured values into its restored param groups."""
+        for optimizer in trainer.optimizers:
+            for group in optimizer.param_groups:
+                group.update({k: v for k, v in optimizer.defaults.items() if k in group and k != "params"})

@@ -22,7 +22,6 @@ What the CLI adds to every run, so a run can be trusted:
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import sys
@@ -47,6 +46,8 @@ from cl_lightning.callbacks.progress import TaskProgressBar
 from cl_lightning.checkpointing import (
     AtomicCheckpointIO,
     CheckpointError,
+    ConfigOptimizerValues,
+    DataRecord,
     hparam_differences,
     last_checkpoint,
     logged_steps,
@@ -56,7 +57,7 @@ from cl_lightning.checkpointing import (
     run_folder,
     version_of,
 )
-from cl_lightning.cli_errors import DEBUG_HINT, ConciseArgumentParser, UsageError, describe
+from cl_lightning.cli_messages import DEBUG_HINT, ConciseArgumentParser, UsageError, describe, quiet, run_summary
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.learners.base import ContinualLearner
 
@@ -180,7 +181,7 @@ class CLI(LightningCLI):
                     "Fix the config, or pass --accept_changed_hparams true to resume with the config's values"
                 )
             if differences:
-                self.trainer.callbacks.append(_ConfigOptimizerValues())
+                self.trainer.callbacks.append(ConfigOptimizerValues())
         logger = self.trainer.logger
         if resume.run is not None and isinstance(logger, TensorBoardLogger):
             # TensorBoard drops the steps a killed run logged after its checkpoint: one run, continuous curves.
@@ -235,83 +236,6 @@ class CLI(LightningCLI):
         sys.stdout.write(run_summary(self.trainer, time.monotonic() - getattr(self, "_started", time.monotonic())))
 
 
-class DataRecord(Callback):
-    """Keeps the run's ``data`` config in its checkpoints, so a resume can check it regenerates the same stream.
-
-    Args:
-        data: The ``data`` section of the resolved config.
-    """
-
-    def __init__(self, data: dict[str, Any]) -> None:
-        self.data = data
-
-    def state_dict(self) -> dict[str, Any]:
-        """The data config, stored under ``checkpoint["callbacks"]["DataRecord"]``."""
-        return {"data": self.data}
-
-
-class _ConfigOptimizerValues(Callback):
-    """After a resume with accepted changes, the config's optimiser values (``lr`` …) replace the checkpoint's.
-
-    Lightning restores each optimiser's param groups, learning rate included, from the checkpoint; the optimiser's
-    ``defaults`` still hold the values it was built with from the config. The state (moments, steps) is kept.
-    """
-
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Copy each optimiser's configured values into its restored param groups."""
-        for optimizer in trainer.optimizers:
-            for group in optimizer.param_groups:
-                group.update({k: v for k, v in optimizer.defaults.items() if k in group and k != "params"})
-
-
-def run_summary(trainer: Trainer, seconds: float) -> str:
-    """Two lines: tasks done and the final scores; where the logs and the checkpoint are and how to continue."""
-    done, total = trainer.current_epoch, trainer.max_epochs
-    status = "stopped early" if trainer.interrupted else "finished"
-    scores = []
-    for name in ("eval/forward", "eval/backward", "forgetting/avg"):
-        for key, value in sorted(trainer.callback_metrics.items()):
-            if key.startswith(name) and key.count("/") == name.count("/") and value.numel() == 1:
-                scores.append(f"{key} {float(value):.4g}")
-    minutes, secs = divmod(round(seconds), 60)
-    line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s"
-    line += f"; last task: {', '.join(scores)}.\n" if scores else ".\n"
-    ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
-        trainer.checkpoint_callback, "best_model_path", ""
-    )
-    if trainer.logger is not None and trainer.log_dir:
-        line += f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})"
-    line += f"; checkpoint: {ckpt} (continue with --ckpt_path last).\n" if ckpt else "; no checkpoint kept.\n"
-    return line
-
-
-class _DropAdverts(logging.Filter):
-    """Drops Lightning's "💡 Tip: … try installing …" advertisements."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip: For seamless" not in record.getMessage()
-
-
-def _quiet() -> None:
-    """Silence what is expected on a stream and the libraries' deprecation notices and advertisements."""
-    # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
-    # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
-    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
-    # calls the deprecated torch.jit.script internally: library mismatches, not ours.
-    for message in (
-        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
-        ".*`training_step` returned `None`.*",
-        ".*`IterableDataset` has `__len__` defined.*",
-        ".*smaller than the logging interval.*",
-        ".*`torch.jit.script` is deprecated.*",
-    ):
-        warnings.filterwarnings("ignore", message=message)
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropAdverts) for f in log.filters):
-            log.addFilter(_DropAdverts())
-
-
 def main(args: list[str] | None = None, run: bool = True) -> CLI:
     """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script.
 
@@ -326,7 +250,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     else:
         args = [a for a in args if a != "--debug"]
     ConciseArgumentParser.debug = debug
-    _quiet()
+    quiet()
     try:
         return CLI(
             ContinualLearner,

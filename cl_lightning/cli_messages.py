@@ -1,5 +1,8 @@
-"""One-line messages for the command line's errors: a config or command-line mistake names the option and what it
-accepts, instead of jsonargparse's nested union report or a traceback through the Trainer.
+"""What the command line tells the user: one-line errors, a run's closing summary, and no library noise.
+
+A config or command-line mistake names the option and what it accepts, instead of jsonargparse's nested union
+report or a traceback through the Trainer; deprecation notices of the libraries and Lightning's advertisements are
+silenced; the last lines of a run say what happened and where its logs and checkpoint are.
 """
 
 from __future__ import annotations
@@ -7,12 +10,16 @@ from __future__ import annotations
 import difflib
 import importlib
 import inspect
+import logging
 import re
 import sys
+import warnings
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from jsonargparse import ArgumentParser
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 DEBUG_HINT = "traceback: --debug"
@@ -74,9 +81,27 @@ def _key_path(message: str) -> tuple[str, str | None]:
     return path, class_path
 
 
+def _split_top(text: str) -> list[str]:
+    """Split ``a, b[c, d], e`` at the commas outside brackets."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += char in "[("
+        depth -= char in "])"
+        if char == "," and depth == 0:
+            parts.append(text[start:i].strip())
+            start = i + 1
+    parts.append(text[start:].strip())
+    return [p for p in parts if p]
+
+
 def _short_type(text: str) -> str:
-    text = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", text)
-    return text.replace("NoneType", "null")
+    """``[<class 'int'>, typing.Literal['a', 'b'], <class 'NoneType'>]`` → ``int or one of 'a', 'b' or null``."""
+    out = []
+    for part in _split_top(text):
+        part = re.sub(r"<class '(?:[\w.]+\.)?(\w+)'>", r"\1", part).replace("NoneType", "null")
+        literal = re.fullmatch(r"(?:typing\.)?Literal\[(.*)\]", part)
+        out.append(f"one of {literal.group(1)}" if literal else part)
+    return " or ".join(out)
 
 
 def concise_parse_error(message: str) -> str:
@@ -107,12 +132,15 @@ def concise_parse_error(message: str) -> str:
         choices = _choices(path)
         listed = f"; choose one of: {', '.join(choices)}" if choices else ""
         return f"{path}: unknown class '{given}'{_did_you_mean(given, choices)}{listed}"
-    given = re.search(r"Given value: (.*)", tail)
+    given = re.search(r"Given value: (.*)|Got value: (.*)", tail)
     if given and path:
         subtypes = re.search(r"Subtypes: \[(.*)\]", tail)
-        expected = re.search(r"Expected a (.*)", tail)
+        expected = re.search(r"Expected a (.*?)(?:\. Got value:|$)", tail, re.MULTILINE)
         wanted = _short_type(subtypes.group(1) if subtypes else expected.group(1) if expected else "another type")
-        return f"{path}: expected {wanted.replace(', ', ' or ')}, got {given.group(1).strip()!r}"
+        return f"{path}: expected {wanted}, got {(given.group(1) or given.group(2)).strip()!r}"
+    missing = re.search(r'Parser key "config": File does not exist: (.*)', message)
+    if missing:
+        return f"--config {missing.group(1).strip()}: no such file"
     if message.startswith("unrecognized arguments"):
         return f"{message.strip()} (python -m cl_lightning fit --help lists the options)"
     lines = [line.strip(" -") for line in message.strip().splitlines() if line.strip(" -")]
@@ -167,4 +195,53 @@ def describe(error: BaseException) -> str:
             name = class_path.group(1).rpartition(".")[2] if class_path else None
             return f"{name}: {reasons[0].strip()}" if name else reasons[0].strip()
     where = origin(error)
-    return f"{where}: {text}" if where and not text.startswith(where) else text
+    private = where is None or where.startswith("_")  # Lightning's internal helpers mean nothing to a user
+    return f"{where}: {text}" if not private and not text.startswith(where) else text
+
+
+def run_summary(trainer: Trainer, seconds: float) -> str:
+    """Two lines: tasks done and the final scores; where the logs and the checkpoint are and how to continue."""
+    done, total = trainer.current_epoch, trainer.max_epochs
+    status = "stopped early" if trainer.interrupted else "finished"
+    scores = []
+    for name in ("eval/forward", "eval/backward", "forgetting/avg"):
+        for key, value in sorted(trainer.callback_metrics.items()):
+            if key.startswith(name) and key.count("/") == name.count("/") and value.numel() == 1:
+                scores.append(f"{key} {float(value):.4g}")
+    minutes, secs = divmod(round(seconds), 60)
+    line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s"
+    line += f"; last task: {', '.join(scores)}.\n" if scores else ".\n"
+    ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
+        trainer.checkpoint_callback, "best_model_path", ""
+    )
+    if trainer.logger is not None and trainer.log_dir:
+        line += f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})"
+    line += f"; checkpoint: {ckpt} (continue with --ckpt_path last).\n" if ckpt else "; no checkpoint kept.\n"
+    return line
+
+
+class _DropAdverts(logging.Filter):
+    """Drops Lightning's "💡 Tip: … try installing …" advertisements."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip: For seamless" not in record.getMessage()
+
+
+def quiet() -> None:
+    """Silence what is expected on a stream and the libraries' deprecation notices and advertisements."""
+    # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
+    # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
+    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
+    # calls the deprecated torch.jit.script internally: library mismatches, not ours.
+    for message in (
+        ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
+        ".*`training_step` returned `None`.*",
+        ".*`IterableDataset` has `__len__` defined.*",
+        ".*smaller than the logging interval.*",
+        ".*`torch.jit.script` is deprecated.*",
+    ):
+        warnings.filterwarnings("ignore", message=message)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropAdverts) for f in log.filters):
+            log.addFilter(_DropAdverts())
