@@ -89,10 +89,18 @@ def test_cli_fit_end_to_end(tmp_path: Path) -> None:
         "--data.stream.init_args.query_size=100",
         "--data.backward_lag=1",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
+        "--trainer.callbacks+=cl_lightning.callbacks.HessianMonitor",  # torch.func.jvp: no FutureWarning shown
+        "--trainer.callbacks.every_n_tasks=1",
+        "--trainer.callbacks.num_queries=50",
     ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "Warning" not in out.stderr, out.stderr[-3000:]  # no deprecation notices
+    assert "Tip:" not in out.stdout + out.stderr  # no advertisements
+    summary = out.stdout.strip().splitlines()[-2:]  # the run's summary is the last thing printed
+    assert summary[0].startswith("Run finished: 3/3 tasks")
+    assert summary[1].startswith(f"Logs: {tmp_path}/bp_pmnist/version_0")
     run = tmp_path / "bp_pmnist" / "version_0"
     assert (run / "config.yaml").exists()
     assert list(run.glob("events.out.tfevents.*"))
@@ -106,6 +114,7 @@ def test_cli_fit_end_to_end(tmp_path: Path) -> None:
     tags = set(events.Tags()["scalars"])
     assert {"train/online_acc", "train/loss", "eval/forward_acc", "eval/backward_acc"} <= tags
     assert {"eval/acc_matrix/task_0", "eval/acc_matrix/task_2"} <= tags
+    assert "hessian/eff_rank" in tags
     assert len(events.Scalars("eval/forward_acc")) == 3
     assert len(events.Scalars("eval/backward_acc")) == 2
     assert all(0 <= e.value <= 1 for e in events.Scalars("eval/forward_acc"))

@@ -86,6 +86,17 @@ def test_resume_continues_the_same_run_folder_and_curves(tmp_path: Path, capsys:
     assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[1]
 
 
+def test_last_restarts_a_run_that_has_no_checkpoint_in_its_own_folder(tmp_path: Path) -> None:
+    """A run killed before its first checkpoint (here: one that wrote none) is started over in the same folder,
+    and TensorBoard shows one run: the old curves are purged from step 0."""
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=["--trainer.enable_checkpointing=false"])])
+    first = _scalars(_run(tmp_path))
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    assert sorted(p.name for p in (tmp_path / "logs" / "tiny").iterdir()) == ["version_0"]
+    assert len(list(_run(tmp_path).glob("events.out.tfevents.*"))) == 2
+    assert _scalars(_run(tmp_path)) == first
+
+
 def test_accepted_changes_use_the_config_values(tmp_path: Path) -> None:
     """`--accept_changed_hparams`: the config's learning rate replaces the one restored from the checkpoint."""
     main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=1, extra=CHECKPOINTS)])
