@@ -102,7 +102,7 @@ class CLI(LightningCLI):
             "--accept_changed_hparams",
             type=bool,
             default=False,
-            help="Resume from a checkpoint whose learner hyperparameters differ from the config (the config's win).",
+            help="Resume from a checkpoint whose learner or data settings differ from the config (the config's win).",
         )
 
     def _parse_ckpt_path(self) -> None:
@@ -124,6 +124,8 @@ class CLI(LightningCLI):
             if run is None:
                 raise UsageError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
             path = last_checkpoint(run)
+            if path is None and sub != "fit":
+                raise UsageError(f"--ckpt_path last: {run} has no checkpoint")
             if path is None:  # killed before its first checkpoint: start that run over, in its own folder
                 config.ckpt_path = None
                 self._resume_into(config, Resume(run, None, None))

@@ -53,7 +53,7 @@ def test_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path, 
     assert stop.value.code == 1
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(err) == 1
-    assert "training diverged in task 2 (step 34 of the run)" in err[0]  # 2 tasks of 16 chunks; step 33 updates
+    assert "training diverged in task 2 (step 35 of the run)" in err[0]  # 2 tasks of 16 chunks, then the 3rd step
     assert "learning rate too high for Backprop (lr 1e+06)" in err[0]
     assert f"the last good checkpoint is {last}" in err[0]
     assert _digest(last) == before
@@ -65,7 +65,7 @@ def test_diverging_run_without_a_checkpoint_says_so(tmp_path: Path, capsys: pyte
         main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=1e6"], tasks=2)])
     assert stop.value.code == 1
     err = capsys.readouterr().err
-    assert "training diverged in task 0 (step 2 of the run)" in err
+    assert "training diverged in task 0 (step 3 of the run)" in err
     assert "no checkpoint was written before it" in err
     assert "Traceback" not in err
 

@@ -42,7 +42,8 @@ class DivergenceStop(Callback):
             raise ValueError(f"check_every_n_steps must be >= 1 or null, got {check_every_n_steps}")
         self.check_every_n_steps = check_every_n_steps
         self._flag: Tensor | None = None
-        self._last_checked = 0
+        self._last_checked = 0  # training steps of the run (1-based) checked so far
+        self._step = 0  # training steps of the run seen so far
 
     def _interval(self, pl_module: LightningModule) -> int:
         if self.check_every_n_steps is not None:
@@ -52,7 +53,7 @@ class DivergenceStop(Callback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the task with a clear flag."""
         self._flag = None
-        self._last_checked = trainer.fit_loop.epoch_loop._batches_that_stepped
+        self._step = self._last_checked = trainer.fit_loop.epoch_loop._batches_that_stepped  # restored on resume
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -65,22 +66,22 @@ class DivergenceStop(Callback):
         elif loss is not None:  # accelerator: fold into a device flag, no host synchronisation
             bad = ~torch.isfinite(loss.detach()).all()
             self._flag = bad if self._flag is None else self._flag | bad
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped
-        if step - self._last_checked >= self._interval(pl_module):
-            self._check(trainer, pl_module, step)
+        self._step += 1
+        if self._step - self._last_checked >= self._interval(pl_module):
+            self._check(trainer, pl_module)
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """At the task's end, before its evaluation and checkpoint: the pending flag and every parameter."""
         if trainer.sanity_checking or trainer.state.fn != "fit":
             return
-        self._check(trainer, pl_module, trainer.fit_loop.epoch_loop._batches_that_stepped, weights=True)
+        self._check(trainer, pl_module, weights=True)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """The same check for runs without evaluation."""
-        self._check(trainer, pl_module, trainer.fit_loop.epoch_loop._batches_that_stepped, weights=True)
+        self._check(trainer, pl_module, weights=True)
 
-    def _check(self, trainer: Trainer, pl_module: LightningModule, step: int, weights: bool = False) -> None:
-        first = self._last_checked + 1
+    def _check(self, trainer: Trainer, pl_module: LightningModule, weights: bool = False) -> None:
+        first, step = self._last_checked + 1, self._step
         self._last_checked = step
         if self._flag is not None and bool(self._flag):
             self._raise(trainer, pl_module, "the training loss is NaN or infinite", first, step)
