@@ -166,7 +166,7 @@ def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[s
     root = tmp_path / "killed"
     root.mkdir()
     run, rng = _run(root), random.Random(0)
-    caught = False
+    caught, random_kills_landed = False, 0
     for attempt in range(1 + random_kills + 5):
         proc = _start(root, learner, resume=attempt > 0)
         if not caught:
@@ -174,6 +174,7 @@ def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[s
             assert caught or proc.returncode == 0, proc.stderr.read()[-2000:]
         elif attempt <= random_kills:
             _kill_at_random(proc, run, rng)
+            random_kills_landed += proc.returncode == -signal.SIGKILL
         else:
             assert proc.wait() == 0, proc.stderr.read()[-2000:]
         if proc.returncode == 0:
@@ -181,6 +182,7 @@ def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[s
                 continue
             break
     assert caught, "no kill landed during a checkpoint write"
+    assert random_kills_landed >= 1, "every run ended before its random kill"
     assert proc.returncode == 0
     assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
     assert not list((run / "checkpoints").glob("*.tmp*"))
