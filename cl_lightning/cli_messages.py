@@ -214,10 +214,11 @@ def run_summary(trainer: Trainer, seconds: float) -> str:
     ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
         trainer.checkpoint_callback, "best_model_path", ""
     )
+    where = []
     if trainer.logger is not None and trainer.log_dir:
-        line += f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})"
-    line += f"; checkpoint: {ckpt} (continue with --ckpt_path last).\n" if ckpt else "; no checkpoint kept.\n"
-    return line
+        where.append(f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})")
+    where.append(f"checkpoint: {ckpt} (continue with --ckpt_path last)" if ckpt else "no checkpoint kept")
+    return line + "; ".join(where) + ".\n"
 
 
 class _DropAdverts(logging.Filter):
