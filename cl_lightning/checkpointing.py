@@ -80,25 +80,21 @@ def remove_temp_files(folder: Path) -> list[Path]:
 
 
 def run_folder(ckpt_path: Path) -> Path | None:
-    """The ``version_N`` folder a checkpoint belongs to (``…/version_N/checkpoints/x.ckpt``), else ``None``."""
+    """The run folder a checkpoint belongs to (``…/<version>/checkpoints/x.ckpt``), else ``None``."""
     parent = ckpt_path.resolve().parent
-    if parent.name == "checkpoints" and _VERSION.fullmatch(parent.parent.name):
-        return parent.parent
-    return None
+    return parent.parent if parent.name == "checkpoints" else None
 
 
-def version_of(run: Path) -> int:
-    """``N`` of a ``version_N`` folder."""
+def version_of(run: Path) -> int | str:
+    """The logger ``version`` of a run folder: ``N`` of ``version_N``, else the folder's name (e.g. ``seed_0``)."""
     match = _VERSION.fullmatch(run.name)
-    if match is None:
-        raise ValueError(f"{run} is not a version_N run folder")
-    return int(match.group(1))
+    return int(match.group(1)) if match else run.name
 
 
 def newest_run(experiment: Path) -> Path | None:
     """The ``version_N`` folder with the highest ``N`` under a logger's ``<save_dir>/<name>``, if any."""
     runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
-    return max(runs, key=version_of) if runs else None
+    return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
 
 
 def last_checkpoint(run: Path) -> Path | None:

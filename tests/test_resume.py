@@ -86,6 +86,21 @@ def test_resume_continues_the_same_run_folder_and_curves(tmp_path: Path, capsys:
     assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[1]
 
 
+def test_a_named_run_folder_resumes_into_itself(tmp_path: Path) -> None:
+    """A run folder named by the user (as `sweep` does: `seed_0`) is continued like a `version_N` one."""
+    named = [*CHECKPOINTS, "--trainer.logger.version=seed_0"]
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=named)])
+    run = tmp_path / "logs" / "tiny" / "seed_0"
+    main(
+        [
+            "fit",
+            *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, f"--ckpt_path={run}/checkpoints/last.ckpt"]),
+        ]
+    )
+    assert sorted(p.name for p in run.parent.iterdir()) == ["seed_0"]
+    assert [step for step, _ in _scalars(run)["eval/forward_acc"]] == [15, 31, 47]
+
+
 def test_last_restarts_a_run_that_has_no_checkpoint_in_its_own_folder(tmp_path: Path) -> None:
     """A run killed before its first checkpoint (here: one that wrote none) is started over in the same folder,
     and TensorBoard shows one run: the old curves are purged from step 0."""
