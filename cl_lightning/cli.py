@@ -67,7 +67,8 @@ DESCRIPTION = (
     "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with "
     "`python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick.yaml`; "
     "`python -m cl_lightning fit --model.help QueryOnlyAttention` documents a learner; "
-    "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks."
+    "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks. "
+    "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
 )
 
 
