@@ -80,6 +80,11 @@ def resize_like_pil(images: Tensor, size: int) -> Tensor:
     """
     if images.shape[-1] == size and images.shape[-2] == size:
         return images.float() / 255.0
-    x = images.float().unsqueeze(1)  # (N, 1, H, W)
-    out = torch.nn.functional.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
-    return out.squeeze(1).round().clamp(0, 255) / 255.0
+    out = torch.empty(images.shape[0], size, size)
+    for lo in range(0, images.shape[0], 4096):  # in blocks: the float copy of 60,000 28×28 images is 188 MB
+        x = images[lo : lo + 4096].float().unsqueeze(1)  # (n, 1, H, W)
+        small = torch.nn.functional.interpolate(
+            x, size=(size, size), mode="bilinear", antialias=True, align_corners=False
+        )
+        out[lo : lo + 4096] = small.squeeze(1).round().clamp(0, 255) / 255.0
+    return out

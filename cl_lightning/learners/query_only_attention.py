@@ -26,6 +26,7 @@ from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
 from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
 
@@ -50,7 +51,10 @@ class QueryOnlyAttention(ContinualLearner):
         use_labels: Feed ``onehot(y_j)`` to the scorer (paper: yes on Permuted MNIST, no on regression and on
             Split Tiny ImageNet).
         encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN: the scorer then sees CNN features of both).
-        online_queries: Incoming examples per chunk predicted before learning, for the online metric.
+        online_queries: Incoming examples per chunk predicted before learning, for the online metric (ours, not the
+            authors'). One suffices: 145 chunks give each paper-size task's online accuracy a standard error of at
+            most 0.042 (0.004 on the paper's 100-task windows), and each query costs a no-gradient pass over
+            ``support_size`` pairs, about a third of a training step's forward and backward at V1 sizes.
         optimizer: Optimiser factory (paper: Adam, lr 1e-4).
         seed: Seed of support sampling; draws depend on ``(seed, step)`` only.
     """
@@ -70,7 +74,7 @@ class QueryOnlyAttention(ContinualLearner):
         num_hidden_layers: int = 9,
         use_labels: bool = True,
         encoder: Literal["flatten", "cnn"] = "flatten",
-        online_queries: int = 2,
+        online_queries: int = 1,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
@@ -118,7 +122,7 @@ class QueryOnlyAttention(ContinualLearner):
         self.buffer.add(x, y, task_id, gen)
         if not self._ready():
             return None
-        labels = self.buffer.labels() if self.task_type == "classification" else None
+        labels = self.buffer.labels if self.task_type == "classification" else None  # the sampler reads one window
         q_idx, s_idx = sample_support(
             self.sampler, labels, len(self.buffer), self.support_size, self.queries_per_step, gen
         )
@@ -130,6 +134,10 @@ class QueryOnlyAttention(ContinualLearner):
         optimizer.step()
         self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer | None:
+        """The optimiser factory's optimiser, Adam switched to its fused kernel (same update, ~10x faster here)."""
+        return prefer_fused(super().configure_optimizers())
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""

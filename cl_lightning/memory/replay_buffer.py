@@ -61,9 +61,13 @@ class ReplayBuffer(nn.Module):
         slots = self.physical(logical)
         return self.x[slots], self.y[slots]
 
-    def labels(self) -> Tensor:
-        """All stored targets in logical order."""
-        return self.y[self.physical(torch.arange(len(self), device=self.x.device))]
+    def labels(self, start: int = 0, stop: int | None = None) -> Tensor:
+        """Stored targets at logical indices ``start .. stop - 1`` (default: all of them), in logical order.
+
+        A sampler that reads one window passes its range, so a step gathers ``window`` labels, not the whole buffer.
+        """
+        stop = len(self) if stop is None else min(stop, len(self))
+        return self.y[self.physical(torch.arange(start, max(start, stop), device=self.x.device))]
 
     def newest(self, n: int) -> Tensor:
         """Logical indices of the ``n`` most recently stored examples (all of them if fewer are stored)."""

@@ -6,6 +6,7 @@ never in its own support set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -14,8 +15,11 @@ from torch import Tensor
 SamplerName = Literal["window", "uniform", "sliding"]
 
 
+LabelSource = Tensor | Callable[[int, int], Tensor] | None
+
+
 def window_sample(
-    labels: Tensor | None, size: int, window: int, num_queries: int, generator: torch.Generator
+    labels: LabelSource, size: int, window: int, num_queries: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
     """The authors' contiguous-window sampler (qoa-paper.md §2.4, PMNIST and Split code).
 
@@ -25,7 +29,8 @@ def window_sample(
     (regression) the first ``num_queries`` examples are the queries and the rest the supports.
 
     Args:
-        labels: Class labels of the stored examples in logical order (``None`` for regression).
+        labels: Class labels of the stored examples in logical order, or a function ``(start, stop) -> labels`` of
+            that range (``ReplayBuffer.labels``: only the window is gathered); ``None`` for regression.
         size: Number of stored examples.
         window: Window length (the paper's ``support_size``).
         num_queries: Queries per step (paper: 1).
@@ -37,7 +42,7 @@ def window_sample(
     idx = torch.arange(start, start + window)
     if labels is None:
         return idx[:num_queries], idx[num_queries:]
-    y = labels[start : start + window].cpu()
+    y = (labels(start, start + window) if callable(labels) else labels[start : start + window]).cpu()
     n_cls = int(y.max()) + 1
     first = torch.full((n_cls,), window, dtype=torch.long)
     first.scatter_reduce_(0, y, torch.arange(window), reduce="amin")  # first position of each class
@@ -71,7 +76,7 @@ def sliding_sample(size: int, support_size: int, num_queries: int) -> tuple[Tens
 
 def sample_support(
     sampler: SamplerName,
-    labels: Tensor | None,
+    labels: LabelSource,
     size: int,
     support_size: int,
     num_queries: int,
