@@ -29,6 +29,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -83,6 +84,30 @@ def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps:
     return best
 
 
+def _status_kb(*fields: str) -> list[int]:
+    values = dict.fromkeys(fields, 0)
+    with open("/proc/self/status") as f:
+        for line in f:
+            key = line.split(":")[0]
+            if key in values:
+                values[key] = int(line.split()[1])
+    return [values[k] for k in fields]
+
+
+class MemorySampler(threading.Thread):
+    """Peak anonymous memory (``RssAnon``: the process's own tensors and heap, not the shared library pages that
+    ``VmRSS`` also counts), read from ``/proc/self/status`` every 10 ms."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_anon_kb, self.stopped = 0, threading.Event()
+
+    def run(self) -> None:
+        """Sample until stopped."""
+        while not self.stopped.wait(0.01):
+            self.peak_anon_kb = max(self.peak_anon_kb, _status_kb("RssAnon")[0])
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -132,7 +157,9 @@ class PhaseTimer(Callback):
     def install(self, trainer: Trainer, model: LightningModule) -> None:
         """Wrap the learner's steps, every callback's overridden hooks, and hook the scorer for flop counts."""
         self.wrap(model, "training_step", "training", trainer)
-        self.wrap(model, "validation_step", lambda args: "episodes_probe" if _is_probe(args[0]) else "episodes", trainer)
+        self.wrap(
+            model, "validation_step", lambda args: "episodes_probe" if _is_probe(args[0]) else "episodes", trainer
+        )
         for cb in trainer.callbacks:
             if cb is self:
                 continue
@@ -144,8 +171,12 @@ class PhaseTimer(Callback):
                 label = "callbacks"
             for hook in HOOKS:
                 if getattr(type(cb), hook, None) is not getattr(Callback, hook):
-                    self.wrap(cb, hook, "init_row" if isinstance(cb, ForgettingMonitor) and hook == "on_fit_start"
-                              else label, trainer)
+                    self.wrap(
+                        cb,
+                        hook,
+                        "init_row" if isinstance(cb, ForgettingMonitor) and hook == "on_fit_start" else label,
+                        trainer,
+                    )
         scorer = getattr(model, "scorer", None)
         if isinstance(scorer, torch.nn.Module):
             scorer.register_forward_hook(self._count_flops(scorer, trainer), with_kwargs=False)
@@ -190,6 +221,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cli_args = ["--config", args.config, *[a for o in args.overlays for a in ("--config", o)]]
     if args.small:
         cli_args += SMALL
+    if not args.keep_lag:  # every steady task then has its forward and backward episode from task 1 on
+        cli_args += ["--data.backward_lag=1"]
     cli_args += [f"--{kv}" for kv in args.set]
     cli_args += ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     if args.gpu:
@@ -197,6 +230,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cli_args += [f"--trainer.accelerator={accel}", f"--trainer.precision={args.precision}"]
     else:
         cli_args += ["--trainer.accelerator=cpu"]
+    import_rss_kb, import_anon_kb = _status_kb("VmRSS", "RssAnon")  # torch + Lightning imported, nothing run
+    memory = MemorySampler()
+    memory.start()
     mm_before = [matmul_gflops(device, mm_dtype) for _ in range(2)]
     with tempfile.TemporaryDirectory() as root:
         cli = main(
@@ -213,6 +249,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         total = time.perf_counter() - start
     mm_after = [matmul_gflops(device, mm_dtype) for _ in range(2)]
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    memory.stopped.set()
+    memory.join()
     return {
         "config": args.config,
         "tasks": {t: dict(v) for t, v in timer.tasks.items()},
@@ -220,6 +258,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "total_s": total,
         "matmul_gflops": mm_before + mm_after,
         "peak_rss_mb": rss_mb,
+        "import_rss_mb": import_rss_kb / 1024,
+        "import_anon_mb": import_anon_kb / 1024,
+        "peak_anon_mb": max(memory.peak_anon_kb, _status_kb("RssAnon")[0]) / 1024,
         "cuda_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
         "num_tasks": dm.num_tasks,
         "num_probe": len(dm.probe_tasks),
@@ -239,7 +280,7 @@ def report(m: dict[str, Any]) -> str:
         f"total {m['total_s']:.1f} s",
         f"matmul 2048²: {min(m['matmul_gflops']):.0f}–{rate:.0f} GFLOP/s (floor at the best rate)",
     ]
-    monitors = [n for n in ("ForgettingMonitor", "PlasticityMonitor", "HessianMonitor", "CostMonitor")]
+    monitors = ["ForgettingMonitor", "PlasticityMonitor", "HessianMonitor", "CostMonitor"]
     init = m["init_row"]
     t0 = m["tasks"].get(0, {})
     ep_s = _episode_seconds(m)
@@ -257,8 +298,10 @@ def report(m: dict[str, Any]) -> str:
                 f"({t0['episodes_probe'] / n_probe:.2f} s each)"
             )
         mons = ", ".join(f"{n} {t0[n]:.2f} s" for n in monitors if t0.get(n))
-        lines.append(f"task 0: wall {t0.get('wall', 0):.1f} s, training {t0.get('training', 0):.1f} s "
-                     f"({t0.get('updates', 0):.0f} updates), monitors: {mons}")
+        lines.append(
+            f"task 0: wall {t0.get('wall', 0):.1f} s, training {t0.get('training', 0):.1f} s "
+            f"({t0.get('updates', 0):.0f} updates), monitors: {mons}"
+        )
     steady = [v for t, v in m["tasks"].items() if t > 0 and "wall" in v]
     if not steady:
         lines.append("no steady task (run --tasks >= 2)")
@@ -297,7 +340,12 @@ def report(m: dict[str, Any]) -> str:
         if every and every > 1 and t0.get(name):
             extra += (n / every) * max(0.0, t0[name] - mean(name))
     projected = n * wall + extra
-    peak = f"peak RSS {m['peak_rss_mb']:.0f} MB"
+    peak = (
+        f"peak RSS {m['peak_rss_mb']:.0f} MB (after importing torch and Lightning: {m['import_rss_mb']:.0f} MB, "
+        f"{m['import_rss_mb'] - m['import_anon_mb']:.0f} MB of it shared library pages); "
+        f"peak anonymous memory {m['peak_anon_mb']:.0f} MB, {m['peak_anon_mb'] - m['import_anon_mb']:.0f} MB above "
+        "the imports"
+    )
     if m["cuda_peak_mb"] is not None:
         peak += f", CUDA peak {m['cuda_peak_mb']:.0f} MB"
     lines += [peak, f"projected {n:,}-task time: {projected / 3600:.2f} h ({projected / n:.2f} s per task)"]
@@ -320,10 +368,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overlays", nargs="*", default=[], help="configs applied after --config")
     p.add_argument("--tasks", type=int, default=3, help="tasks to run (task 0 is reported apart)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (the reference machine has 2 cores)")
-    p.add_argument("--set", nargs="*", default=[], help="CLI overrides without the leading --, e.g. model.init_args.x=1")
+    p.add_argument(
+        "--set", nargs="*", default=[], help="CLI overrides without the leading --, e.g. model.init_args.x=1"
+    )
     p.add_argument("--gpu", action="store_true", help="the GPU benchmark: accelerator gpu, --precision, bf16 matmul")
     p.add_argument("--device", default=None, help="device of the matmul yardstick (default: cuda with --gpu)")
     p.add_argument("--precision", default="bf16-mixed")
+    p.add_argument(
+        "--keep-lag",
+        action="store_true",
+        help="keep the config's backward lag (default: lag 1, so tasks 1.. already have both episodes; the cost of an "
+        "episode does not depend on the lag, only its task's regeneration when it left the stream's cache, ~0.1 s)",
+    )
     p.add_argument("--small", action="store_true", help="tiny sizes: the same code path in seconds (tests)")
     p.add_argument("--json", default=None, help="also write the raw measurements here")
     args = p.parse_args(argv)
@@ -335,6 +391,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def benchmark(argv: list[str] | None = None) -> dict[str, Any]:
     """Run, print the report, and return the measurements."""
     args = parse(argv)
+    sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from run(), not from this command line
     torch.set_num_threads(args.threads)
     m = run(args)
     print(report(m), flush=True)

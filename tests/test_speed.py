@@ -29,7 +29,11 @@ def _scorer(dtype: torch.dtype = torch.float64, **kwargs) -> PairScorer:
 @pytest.mark.parametrize("block", [1, 37, 13 * 5, 10_000])
 def test_blocked_evaluation_equals_the_authors_concatenated_network(block: int) -> None:
     scorer = _scorer(block_pairs=block)
-    qx, sx, sy = torch.rand(11, 49, dtype=torch.float64), torch.rand(13, 49, dtype=torch.float64), torch.randint(0, 10, (13,))
+    qx, sx, sy = (
+        torch.rand(11, 49, dtype=torch.float64),
+        torch.rand(13, 49, dtype=torch.float64),
+        torch.randint(0, 10, (13,)),
+    )
     ref = scorer.forward_concat(qx, sx, sy)
     with torch.no_grad():
         fast = scorer(qx, sx, sy)
@@ -72,13 +76,18 @@ def test_fast_episode_accuracy_equals_reference_path_on_a_fixed_seed() -> None:
 
 def test_hooked_evaluation_fires_every_layer_and_gives_the_same_scores() -> None:
     scorer = _scorer(block_pairs=26)
-    qx, sx, sy = torch.rand(9, 49, dtype=torch.float64), torch.rand(13, 49, dtype=torch.float64), torch.randint(0, 10, (13,))
+    qx, sx, sy = (
+        torch.rand(9, 49, dtype=torch.float64),
+        torch.rand(13, 49, dtype=torch.float64),
+        torch.randint(0, 10, (13,)),
+    )
     rows: list[int] = []
     handle = scorer.hidden[4].register_forward_hook(lambda m, a, out: rows.append(out.shape[0]))
     with torch.no_grad():
         hooked = scorer(qx, sx, sy)
     handle.remove()
-    assert sum(rows) == 9 * 13 and max(rows) == 26  # blocks of two queries
+    assert sum(rows) == 9 * 13
+    assert max(rows) == 26
     torch.testing.assert_close(hooked, scorer.forward_concat(qx, sx, sy))
 
 
@@ -106,7 +115,8 @@ def test_fused_adam_takes_the_same_steps_as_the_loop() -> None:
     nets[1].load_state_dict(nets[0].state_dict())
     loop = torch.optim.Adam(nets[0].parameters(), lr=1e-2)
     fused = prefer_fused(torch.optim.Adam(nets[1].parameters(), lr=1e-2))
-    assert fused.param_groups[0]["fused"] and not loop.param_groups[0]["fused"]
+    assert fused.param_groups[0]["fused"]
+    assert not loop.param_groups[0]["fused"]
     x, y = torch.randn(32, 8), torch.randn(32, 1)
     for _ in range(20):
         for net, opt in zip(nets, (loop, fused), strict=True):
@@ -116,7 +126,8 @@ def test_fused_adam_takes_the_same_steps_as_the_loop() -> None:
     for a, b in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     explicit = prefer_fused(torch.optim.Adam(nets[0].parameters(), foreach=True))
-    assert explicit.param_groups[0]["foreach"] and not explicit.param_groups[0]["fused"]
+    assert explicit.param_groups[0]["foreach"]
+    assert not explicit.param_groups[0]["fused"]
     sgd = torch.optim.SGD(nets[0].parameters(), lr=0.1)
     assert prefer_fused(sgd) is sgd
 
@@ -153,11 +164,14 @@ def test_strided_rows_are_evenly_spaced_and_bounded(total: int, max_rows: int) -
         assert sampler.count <= 2 * max_rows
     kept = sampler.rows()[:, 0].long()
     assert kept.numel() == min(total, max_rows)
-    assert kept[0] == 0 and bool((kept.diff() > 0).all())
+    assert kept[0] == 0
+    assert bool((kept.diff() > 0).all())
     gaps = kept.diff()
     assert int(gaps.max()) <= 2 * int(gaps.min()) + 2 * sampler.stride  # evenly spaced up to the stride
     if total <= 2 * max_rows:  # nothing dropped: exactly the old evenly strided rows of the whole stream
-        expected = torch.linspace(0, total - 1, min(total, max_rows)).long() if total > max_rows else torch.arange(total)
+        expected = (
+            torch.linspace(0, total - 1, min(total, max_rows)).long() if total > max_rows else torch.arange(total)
+        )
         assert torch.equal(kept, expected)
 
 
@@ -171,7 +185,61 @@ def test_paper_size_benchmark_runs_small(gpu_flag: bool, capsys: pytest.CaptureF
     argv = ["--small", "--tasks", "3", "--threads", "1"] + (["--gpu", "--device", "cpu"] if gpu_flag else [])
     m = paper_size.benchmark(argv)
     out = capsys.readouterr().out
-    assert "projected 20-task time" in out and "flop floor" in out
+    assert "projected 20-task time" in out
+    assert "flop floor" in out
     steady = [v for t, v in m["tasks"].items() if t > 0]
-    assert len(steady) == 2 and all(v["updates"] > 0 and v["flops_training"] > 0 for v in steady)
-    assert m["init_row"]["init_row"] > 0 and m["tasks"][0]["episodes_probe_n"] == 10
+    assert len(steady) == 2
+    assert all(v["updates"] > 0 and v["flops_training"] > 0 for v in steady)
+    assert m["init_row"]["init_row"] > 0
+    assert m["tasks"][0]["episodes_probe_n"] == 10
+
+
+def _episode() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return (
+        torch.rand(120, 49, generator=gen),
+        torch.randint(0, 10, (120,), generator=gen),
+        torch.rand(37, 49, generator=gen),
+    )
+
+
+def _learner() -> QueryOnlyAttention:
+    torch.manual_seed(0)
+    return QueryOnlyAttention(memory_size=200, support_size=100, eval_across_ranks=True)
+
+
+def _split_worker(rank: int, world_size: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        model = _learner().eval()
+        cx, cy, qx = _episode()
+        with torch.no_grad():
+            pred = model.predict_episode(cx, cy, qx)
+        torch.save(pred, f"{out}.{rank}")
+        try:  # a rank holding another episode: a clear error, not mixed answers
+            model.predict_episode(cx, cy, qx + rank)
+        except RuntimeError as err:
+            torch.save(str(err), f"{out}.err{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_evaluation_split_over_two_gloo_ranks_equals_one_process(tmp_path: Path) -> None:
+    import torch.multiprocessing as mp
+
+    out = str(tmp_path / "pred")
+    mp.spawn(_split_worker, args=(2, str(tmp_path / "init"), out), nprocs=2, join=True)
+    model = _learner().eval()
+    with torch.no_grad():
+        single = model.predict_episode(*_episode())  # no process group: one process answers every query
+    for rank in range(2):
+        split = torch.load(f"{out}.{rank}")
+        assert split.shape == (37, 10)
+        # the same answers; blocks of other sizes round differently in the last bits of fp32
+        torch.testing.assert_close(split, single, rtol=1e-5, atol=1e-5)
+        assert torch.equal(split.argmax(1), single.argmax(1))
+        assert "use_distributed_sampler=false" in torch.load(f"{out}.err{rank}")

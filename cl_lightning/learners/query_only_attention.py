@@ -26,6 +26,7 @@ from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
 from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
@@ -57,6 +58,9 @@ class QueryOnlyAttention(ContinualLearner):
             ``support_size`` pairs, about a third of a training step's forward and backward at V1 sizes.
         optimizer: Optimiser factory (paper: Adam, lr 1e-4).
         seed: Seed of support sampling; draws depend on ``(seed, step)`` only.
+        eval_across_ranks: Under DDP, split each evaluation episode's queries across the ranks and gather the
+            answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
+            ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class QueryOnlyAttention(ContinualLearner):
         online_queries: int = 1,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
+        eval_across_ranks: bool = False,
     ) -> None:
         super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
         self.save_hyperparameters()
@@ -86,6 +91,7 @@ class QueryOnlyAttention(ContinualLearner):
             raise ValueError(f"support_size {support_size} + queries_per_step must fit in memory_size {memory_size}")
         self.support_size, self.sampler, self.queries_per_step = support_size, sampler, queries_per_step
         self.start_when_full, self.online_queries = start_when_full, online_queries
+        self.eval_across_ranks = eval_across_ranks
         classification = task_type == "classification"
         self.use_labels = use_labels and classification
         x_dim = math.prod(self.input_shape)
@@ -143,6 +149,7 @@ class QueryOnlyAttention(ContinualLearner):
         """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""
         if context_x.shape[0] == 0:
             context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
-        return self.attend(
-            query_x.flatten(1), context_x[: self.support_size].flatten(1), context_y[: self.support_size]
-        )
+        sx, sy = context_x[: self.support_size].flatten(1), context_y[: self.support_size]
+        if self.eval_across_ranks:
+            return answer_across_ranks(lambda q: self.attend(q, sx, sy), query_x.flatten(1), sx)
+        return self.attend(query_x.flatten(1), sx, sy)

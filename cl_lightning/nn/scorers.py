@@ -188,8 +188,17 @@ class PairScorer(nn.Module):
     def _buffers_for(self, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Two ``(rows, width)`` buffers, reused while they are large enough and of the right device and dtype."""
         ws = self._workspace
-        if ws is None or ws[0].shape[0] < rows or ws[0].shape[1] != width or ws[0].device != device or ws[0].dtype != dtype:
-            ws = (torch.empty(rows, width, device=device, dtype=dtype), torch.empty(rows, width, device=device, dtype=dtype))
+        if (
+            ws is None
+            or ws[0].shape[0] < rows
+            or ws[0].shape[1] != width
+            or ws[0].device != device
+            or ws[0].dtype != dtype
+        ):
+            ws = (
+                torch.empty(rows, width, device=device, dtype=dtype),
+                torch.empty(rows, width, device=device, dtype=dtype),
+            )
             self._workspace = ws
         return ws
 
