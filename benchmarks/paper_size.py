@@ -154,7 +154,7 @@ class PhaseTimer(Callback):
 
         setattr(owner, name, timed)
 
-    def install(self, trainer: Trainer, model: LightningModule) -> None:
+    def install(self, trainer: Trainer, model: LightningModule, stream: Any) -> None:
         """Wrap the learner's steps, every callback's overridden hooks, and hook the scorer for flop counts."""
         self.wrap(model, "training_step", "training", trainer)
         self.wrap(
@@ -177,6 +177,34 @@ class PhaseTimer(Callback):
                         "init_row" if isinstance(cb, ForgettingMonitor) and hook == "on_fit_start" else label,
                         trainer,
                     )
+        generate = stream.generate
+
+        def timed_generate(task: int) -> Any:  # task generation, wherever it happens (loaders, monitors)
+            start = time.perf_counter()
+            try:
+                return generate(task)
+            finally:
+                key = "gen_init_row" if self.phase == "init_row" else f"gen_{self.phase}"
+                bucket = self.init_row if self.phase == "init_row" else self.tasks[trainer.current_epoch]
+                bucket[key] += time.perf_counter() - start
+
+        stream.generate = timed_generate
+        try:  # the evaluation block size is measured on first use: time it apart (absent from older checkouts)
+            from cl_lightning.nn import scorers
+        except ImportError:  # pragma: no cover
+            return
+        tune = getattr(scorers, "tuned_block_pairs", None)
+        if tune is not None:
+
+            def timed_tune(*args: Any) -> int:
+                start = time.perf_counter()
+                try:
+                    return tune(*args)
+                finally:
+                    bucket = self.init_row if self.phase == "init_row" else self.tasks[trainer.current_epoch]
+                    bucket["autotune"] += time.perf_counter() - start
+
+            scorers.tuned_block_pairs = timed_tune
         scorer = getattr(model, "scorer", None)
         if isinstance(scorer, torch.nn.Module):
             scorer.register_forward_hook(self._count_flops(scorer, trainer), with_kwargs=False)
@@ -242,7 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         trainer, model, dm = cli.trainer, cli.model, cli.datamodule
         timer = PhaseTimer(args.tasks, device)
         trainer.callbacks.insert(0, timer)  # its epoch clock starts before the monitors
-        timer.install(trainer, model)
+        timer.install(trainer, model, dm.stream)
         dm.prepare_data()
         start = time.perf_counter()
         trainer.fit(model, dm)
@@ -286,16 +314,19 @@ def report(m: dict[str, Any]) -> str:
     ep_s = _episode_seconds(m)
     if init.get("init_row"):
         k = m["num_probe"]
+        gen = init.get("gen_init_row", 0.0) + init.get("autotune", 0.0)
         lines.append(
-            f"initial row: {init['init_row']:.2f} s for {k} episodes ({init['init_row'] / k:.2f} s each; "
-            f"a steady episode: {ep_s:.2f} s)"
+            f"initial row: {init['init_row']:.2f} s for {k} episodes, {gen:.2f} s of it generating their tasks "
+            f"and measuring the block size ({init.get('autotune', 0.0):.2f} s) "
+            f"(computing: {(init['init_row'] - gen) / k:.2f} s per episode; a steady episode: {ep_s:.2f} s)"
         )
     if t0:
         n_probe = t0.get("episodes_probe_n", 0)
         if n_probe:
             lines.append(
                 f"task 0 probe row: {t0['episodes_probe']:.2f} s for {n_probe:.0f} episodes "
-                f"({t0['episodes_probe'] / n_probe:.2f} s each)"
+                f"({t0['episodes_probe'] / n_probe:.2f} s each; generating its tasks in the loader: "
+                f"{t0.get('gen_other', 0.0):.2f} s more)"
             )
         mons = ", ".join(f"{n} {t0[n]:.2f} s" for n in monitors if t0.get(n))
         lines.append(
