@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import sys
@@ -68,20 +69,22 @@ SMALL = [  # --small: the same code path at a size a test can afford
 ]
 
 
-def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 4) -> float:
-    """Best-of-three rate of an ``n × n`` matrix product on ``device`` in ``dtype`` (GFLOP/s)."""
+def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 4) -> tuple[float, float]:
+    """Best-of-three rate of an ``n × n`` matrix product on ``device`` in ``dtype``: GFLOP per wall second and per
+    CPU second of this process (all threads together)."""
     gen = torch.Generator().manual_seed(0)
     a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
     c = a @ b
-    best = 0.0
+    best, best_cpu = 0.0, 0.0
     for _ in range(3):
         _sync(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         for _ in range(reps):
             torch.mm(a, b, out=c)
         _sync(device)
         best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
-    return best
+        best_cpu = max(best_cpu, 2 * n**3 * reps / max(time.process_time() - cpu, 1e-9) / 1e9)
+    return best, best_cpu
 
 
 def _status_kb(*fields: str) -> list[int]:
@@ -126,7 +129,7 @@ class PhaseTimer(Callback):
         self.tasks: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.init_row: dict[str, float] = defaultdict(float)
         self.phase = "other"
-        self.epoch_start = 0.0
+        self.epoch_start, self.epoch_cpu = 0.0, 0.0
 
     def wrap(self, owner: Any, name: str, label: str | Callable[[tuple], str], trainer: Trainer) -> None:
         """Replace ``owner.name`` by a timed call adding its seconds to ``label`` of the running task."""
@@ -136,15 +139,16 @@ class PhaseTimer(Callback):
             key = label(args) if callable(label) else label
             outer, self.phase = self.phase, key
             _sync(self.device)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             try:
                 out = fn(*args, **kwargs)
             finally:
                 _sync(self.device)
-                seconds = time.perf_counter() - start
+                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
                 self.phase = outer
             bucket = self.init_row if key == "init_row" else self.tasks[trainer.current_epoch]
             bucket[key] += seconds
+            bucket[key + "_cpu"] += cpu_seconds
             if key == "training":
                 bucket["steps"] += 1
                 bucket["updates"] += out is not None
@@ -228,12 +232,13 @@ class PhaseTimer(Callback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the task's wall clock."""
         _sync(self.device)
-        self.epoch_start = time.perf_counter()
+        self.epoch_start, self.epoch_cpu = time.perf_counter(), time.process_time()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Close the task's wall clock (validation runs before this hook) and stop after ``stop_after`` tasks."""
         _sync(self.device)
         self.tasks[trainer.current_epoch]["wall"] = time.perf_counter() - self.epoch_start
+        self.tasks[trainer.current_epoch]["wall_cpu"] = time.process_time() - self.epoch_cpu
         if trainer.current_epoch + 1 >= self.stop_after:
             trainer.should_stop = True
 
@@ -258,6 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cli_args += [f"--trainer.accelerator={accel}", f"--trainer.precision={args.precision}"]
     else:
         cli_args += ["--trainer.accelerator=cpu"]
+    load_before = os.getloadavg()[0]
     import_rss_kb, import_anon_kb = _status_kb("VmRSS", "RssAnon")  # torch + Lightning imported, nothing run
     memory = MemorySampler()
     memory.start()
@@ -281,6 +287,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     memory.join()
     return {
         "config": args.config,
+        "load": (load_before, os.getloadavg()[0]),
         "tasks": {t: dict(v) for t, v in timer.tasks.items()},
         "init_row": dict(timer.init_row),
         "total_s": total,
@@ -302,11 +309,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def report(m: dict[str, Any]) -> str:
     """The printed table."""
-    rate = max(m["matmul_gflops"])
+    rates = [r[0] for r in m["matmul_gflops"]]
+    rate, cpu_rate = max(rates), max(r[1] for r in m["matmul_gflops"])
     lines = [
         f"{m['config']}: {len(m['tasks'])} tasks of {m['num_tasks']}, {m['threads']} threads, "
-        f"total {m['total_s']:.1f} s",
-        f"matmul 2048²: {min(m['matmul_gflops']):.0f}–{rate:.0f} GFLOP/s (floor at the best rate)",
+        f"total {m['total_s']:.1f} s, load average {m['load'][0]:.1f} → {m['load'][1]:.1f}",
+        f"matmul 2048²: {min(rates):.0f}–{rate:.0f} GFLOP/s, {cpu_rate:.0f} GFLOP per CPU second (floor at the best)",
     ]
     monitors = ["ForgettingMonitor", "PlasticityMonitor", "HessianMonitor", "CostMonitor"]
     init = m["init_row"]
@@ -359,6 +367,14 @@ def report(m: dict[str, Any]) -> str:
         f"({ev_flops / max(eps, 1e-9) / 1e9 / rate:.2f} of the matmul rate)",
         f"  flop floor {floor:.2f} s per task; ratio {wall / floor:.2f}" if floor > 0 else "  no scorer flops counted",
     ]
+    if floor > 0:  # the same in CPU seconds of this process: what a busy shared machine distorts least
+        cpu_floor = (tr_flops + ev_flops) / (cpu_rate * 1e9)
+        eps_cpu = mean("episodes_cpu") + mean("episodes_probe_cpu")
+        lines.append(
+            f"  in CPU seconds: task {mean('wall_cpu'):.2f}, training {mean('training_cpu'):.2f}, episodes "
+            f"{eps_cpu:.2f} ({ev_flops / 1e9 / max(eps_cpu, 1e-9):.0f} GFLOP per CPU s); floor {cpu_floor:.2f}; "
+            f"ratio {mean('wall_cpu') / cpu_floor:.2f}"
+        )
     # 7,500-task projection: every task steady; plus the probe rows beyond a steady task's 2 episodes, the initial
     # row and the monitors at their frequencies (their per-call cost taken at task 0, where all of them run).
     n, k = m["num_tasks"], m["num_probe"]
