@@ -24,6 +24,7 @@ import time
 import torch
 
 from cl_lightning.cli import main
+from cl_lightning.compose import CALLBACK_SLOTS
 
 
 def _cli(config: str, root: str, tasks: int, train_size: int | None, progress_bar: bool):
@@ -35,6 +36,7 @@ def _cli(config: str, root: str, tasks: int, train_size: int | None, progress_ba
             f"--data.stream.init_args.num_tasks={tasks}",
             *size,
             "--trainer.callbacks=[]",
+            *(f"--callbacks.{name}=null" for name in CALLBACK_SLOTS),  # the config's checkpoint and monitors
             "--trainer.logger=false",
             "--trainer.enable_checkpointing=false",
             "--trainer.limit_val_batches=0",

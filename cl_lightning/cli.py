@@ -22,6 +22,7 @@ What the CLI adds to every run, so a run can be trusted:
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
@@ -35,7 +36,7 @@ from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 
 import cl_lightning.callbacks
@@ -57,6 +58,7 @@ from cl_lightning.checkpointing import (
     run_folder,
     version_of,
 )
+from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.cli_messages import DEBUG_HINT, ConciseArgumentParser, UsageError, describe, quiet, run_summary
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.learners.base import ContinualLearner
@@ -105,6 +107,34 @@ class CLI(LightningCLI):
             default=False,
             help="Resume from a checkpoint whose learner or data settings differ from the config (the config's win).",
         )
+        self.add_composition_arguments(parser)
+
+    def add_composition_arguments(self, parser: LightningArgumentParser) -> None:
+        """Config composition (:mod:`cl_lightning.compose`) and the Trainer settings the code requires.
+
+        ``include`` (read before parsing; hidden, never dumped), the named callback slots ``callbacks.<name>`` and
+        ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
+        """
+        parser.add_argument(f"--{INCLUDE_KEY}", type=list[str] | str | None, default=None, help=argparse.SUPPRESS)
+        for name in CALLBACK_SLOTS:
+            parser.add_subclass_arguments(Callback, f"callbacks.{name}", required=False, fail_untyped=False)
+        parser.set_defaults({"trainer.reload_dataloaders_every_n_epochs": 1})
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Parse with each ``--config`` preceded by the fragments it includes."""
+        if args is None:  # the command line, expanded (passing it as ``args`` would warn about mixing the two)
+            self.config = parser.parse_args(expand_includes(sys.argv[1:]))
+            return
+        super().parse_arguments(parser, expand_includes(args) if isinstance(args, list) else args)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer, given the named callbacks (slots set to null are off) before ``trainer.callbacks``."""
+        slots = self._get(self.config_init, "callbacks", default=None)
+        named = [c for c in (slots.get(n) for n in CALLBACK_SLOTS) if c is not None] if slots is not None else []
+        if named:
+            listed = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+            kwargs.setdefault("callbacks", [*named, *(listed if isinstance(listed, list) else [listed])])
+        return super().instantiate_trainer(**kwargs)
 
     def _parse_ckpt_path(self) -> None:
         """Resolve ``--ckpt_path`` (``last`` → the newest run's checkpoint) and check it opens; never let the

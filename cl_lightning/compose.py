@@ -1,0 +1,89 @@
+"""Composed configs: fragment includes and named callbacks for the command line.
+
+An experiment file states only what differs from the fragments it builds on (the lightning-hydra-template way)::
+
+    # configs/qoa_v2_pmnist.yaml
+    include: [trainer/pmnist.yaml, data/pmnist.yaml, learner/qoa.yaml]
+    model:
+      init_args:
+        support_size: 200
+
+``include`` lists files relative to the including file; each is applied as an earlier ``--config`` (recursively,
+its own includes first), so the including file overrides them key by key, exactly as an overlay given after it on
+the command line does. The key is read here, before jsonargparse parses anything, and is not part of the resolved
+config (``--print_config`` and each run's saved ``config.yaml`` are complete and include nothing).
+
+Callbacks a config wants to change one setting of live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`),
+instead of the anonymous ``trainer.callbacks`` list, which a later config can only replace whole. An overlay or the
+command line then reaches one of them (``--callbacks.hessian.every_n_tasks=5``); ``--callbacks.hessian=null`` turns
+it off. ``trainer.callbacks`` still takes any further callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+INCLUDE_KEY = "include"
+CALLBACK_SLOTS = ("checkpoint", "forgetting", "plasticity", "hessian", "cost")
+
+
+def config_chain(path: Path, _stack: tuple[Path, ...] = ()) -> list[Path]:
+    """The files that make up ``path``: its includes' chains in order, then ``path`` itself.
+
+    Args:
+        path: A YAML config file, possibly with an ``include`` list of paths relative to it.
+
+    Raises:
+        FileNotFoundError: An included file does not exist.
+        ValueError: The includes form a cycle, or ``include`` is not a path or a list of paths.
+    """
+    resolved = path.resolve()
+    if resolved in _stack:
+        raise ValueError(f"include cycle: {' -> '.join(str(p) for p in (*_stack, resolved))}")
+    content = yaml.safe_load(path.read_text())
+    includes = content.get(INCLUDE_KEY) if isinstance(content, dict) else None
+    if includes is None:
+        return [path]
+    if isinstance(includes, str):
+        includes = [includes]
+    if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
+        raise ValueError(f"{path}: `{INCLUDE_KEY}` must be a path or a list of paths, got {includes!r}")
+    chain: list[Path] = []
+    for include in includes:
+        fragment = path.parent / include
+        if not fragment.is_file():
+            raise FileNotFoundError(f"{path}: included {include!r} not found (relative to the including file)")
+        chain.extend(config_chain(fragment, (*_stack, resolved)))
+    return [*chain, path]
+
+
+def expand_includes(args: Sequence[str]) -> list[str]:
+    """Command-line arguments with each ``--config FILE`` replaced by ``--config`` of every file of its chain.
+
+    A fragment reached twice within one ``--config`` (two fragments including the same base) is applied once, at its
+    first place. ``--config`` values that are not files (jsonargparse also takes a YAML string) pass unchanged.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--config" and i + 1 < len(args):
+            value, i = args[i + 1], i + 2
+        elif arg.startswith("--config="):
+            value, i = arg.split("=", 1)[1], i + 1
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        if not Path(value).is_file():
+            out += ["--config", value]
+            continue
+        seen: set[Path] = set()
+        for file in config_chain(Path(value)):
+            if file.resolve() not in seen:
+                seen.add(file.resolve())
+                out += ["--config", str(file)]
+    return out
