@@ -13,6 +13,7 @@ import torch
 from helpers import CONFIGS
 from PIL import Image
 
+from cl_lightning.compose import CALLBACK_SLOTS
 from cl_lightning.data import SplitMNIST, SplitTinyImageNet
 from cl_lightning.data import split_images as split_module
 from cl_lightning.data.mnist import load_mnist
@@ -24,6 +25,8 @@ WNIDS = ["n09999999", "n01443537", "n04067472", "n02124075", "n03444034"]
 PALETTE = [(128, 128, 128), (230, 30, 30), (30, 200, 40), (40, 60, 220), (220, 200, 30)]
 COLOURS = dict(zip(sorted(WNIDS), PALETTE, strict=True))
 N_TRAIN, N_VAL = 6, 2
+
+NO_NAMED_CALLBACKS = [f"--callbacks.{name}=null" for name in CALLBACK_SLOTS]  # the configs' monitors off
 
 
 def _jpeg(path: Path, colour: tuple[int, int, int], rng: np.random.Generator, grey: bool = False) -> None:
@@ -219,7 +222,8 @@ def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, co
             "--data.stream.init_args.download=false", "--data.context_size=6", "--data.backward_lag=1",
             "--data.num_probe_tasks=2", *small,
             "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-            "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
+            "--trainer.callbacks=[]",
+            *NO_NAMED_CALLBACKS, "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
             f"--trainer.default_root_dir={tmp_path}",
         ],
         run=False,
@@ -275,7 +279,8 @@ def test_backprop_learns_split_mnist_above_chance(tmp_path: Path) -> None:
             "--data.stream.init_args.query_size=100", "--data.num_probe_tasks=0", "--data.backward_lag=1",
             "--model.init_args.optimizer.init_args.lr=0.003",
             "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-            "--trainer.callbacks=[]", "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
+            "--trainer.callbacks=[]",
+            *NO_NAMED_CALLBACKS, "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
             f"--trainer.default_root_dir={tmp_path}",
         ],
         run=False,
