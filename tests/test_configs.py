@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 from helpers import CONFIGS, ROOT
-from lightning.pytorch.callbacks import ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
 from cl_lightning.cli import main
@@ -93,10 +93,10 @@ def test_named_callbacks_reach_the_trainer(tmp_path: Path) -> None:
     """The slots become Trainer callbacks; setting ``trainer.callbacks`` adds to them, a null slot adds nothing."""
     args = ["--config", str(CONFIGS / "knn_pmnist.yaml"), "--config", str(CONFIGS / "quick.yaml")]
     flags = [f"--trainer.logger.init_args.save_dir={tmp_path}", "--callbacks.cost=null"]
-    extra = "--trainer.callbacks=lightning.pytorch.callbacks.Timer"  # once replaced the whole monitor list
+    extra = "--trainer.callbacks=lightning.pytorch.callbacks.LearningRateMonitor"  # used to replace the monitors
     cli = main([*args, *flags, extra, "--callbacks.hessian.every_n_tasks=3"], run=False)
     kinds = [type(c) for c in cli.trainer.callbacks]
-    for kind in (ModelCheckpoint, ForgettingMonitor, PlasticityMonitor, HessianMonitor, Timer):
+    for kind in (ModelCheckpoint, ForgettingMonitor, PlasticityMonitor, HessianMonitor, LearningRateMonitor):
         assert kinds.count(kind) == 1
     assert CostMonitor not in kinds
     hessian = next(c for c in cli.trainer.callbacks if isinstance(c, HessianMonitor))
