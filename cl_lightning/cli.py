@@ -58,8 +58,8 @@ from cl_lightning.checkpointing import (
     run_folder,
     version_of,
 )
-from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.cli_messages import DEBUG_HINT, ConciseArgumentParser, UsageError, describe, quiet, run_summary
+from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.learners.base import ContinualLearner
 
