@@ -1,4 +1,4 @@
-"""Cost of training through Lightning against a plain PyTorch loop doing the same steps (DESIGN §8a: at most 1.10x).
+"""Cost of training through Lightning against a plain PyTorch loop doing the same steps (≤ 1.10x: docs/protocol.md §6).
 
 Both loops run the config's Backprop learner and optimiser on the same chunks, in the same order, and accumulate
 the same online metric; the Lightning run is ``Trainer.fit`` with the config's trainer, the progress bar on (as a

@@ -70,7 +70,7 @@ def test_tokens_are_x_and_onehot_label_and_query_slot_is_zero() -> None:
 def test_paper_defaults() -> None:
     model = FullAttention()
     assert model.transformer.width == 59
-    assert sum(p.numel() for p in model.parameters()) == 106_200  # qoa-paper.md §3
+    assert sum(p.numel() for p in model.parameters()) == 106_200  # docs/baselines.md §5
     assert model.configure_optimizers().defaults["lr"] == 5e-4
     assert model.buffer.capacity == 100
     assert model.support_size == 99

@@ -1,4 +1,4 @@
-"""Hessian effective rank of the learner's loss on held-out queries of the current task (qoa-paper.md §8).
+"""Hessian effective rank of the learner's loss on held-out queries of the current task (docs/metrics.md §4).
 
 The loss is the learner's own on an evaluation episode, ``pl_module.loss(pl_module.predict_episode(context_x,
 context_y, query_x), query_y)``, so a support-set learner is measured with its support set as the paper does, and

@@ -1,6 +1,6 @@
 """Plasticity of the representation: dead and dormant units, weight magnitude, feature effective rank and srank.
 
-The loss-of-plasticity measures of Dohare et al. (Nature 2024; ``plasticity-and-baselines.md`` §6–7), taken on a
+The loss-of-plasticity measures of Dohare et al. (Nature 2024; docs/metrics.md §3), taken on a
 fixed probe batch of the *current* task at the start of the task, before training on it (LoP's timing: the first
 inputs of the new permutation). Online accuracy averaged per task, the fourth plasticity measure, is logged by the
 learners themselves (``train/online_acc``).

@@ -1,4 +1,4 @@
-"""The one data module: serves task ``t`` as epoch ``t`` and builds the evaluation episodes (DESIGN §3–4).
+"""The one data module: serves task ``t`` as epoch ``t`` and builds the evaluation episodes (docs/protocol.md §2–3).
 
 Training: epoch ``t`` is task ``t``'s training portion in arrival order, one chunk per batch, each example once.
 Under DDP every chunk is split across ranks (rank r takes examples r, r + W, …). Evaluation after task ``t``:

@@ -1,4 +1,4 @@
-"""Permuted MNIST, as the query-only attention paper runs it (qoa-paper.md §6.1).
+"""Permuted MNIST, as the query-only attention paper runs it (docs/protocol.md §4).
 
 MNIST training images resized to ``image_size``² (7×7 by default, PIL-style bilinear) in [0, 1], flattened; each
 task draws a new pixel permutation and a new order of the 60,000 images: the first ``train_size`` form the

@@ -2,7 +2,7 @@
 
 Inputs are 20 bits in {0, 1}: the first 15 ("slow" / flipping bits) are held for a whole task and the last 5 are
 fresh i.i.d. bits for every example. Targets come from one fixed random network (``FixLTUNet`` of the
-loss-of-plasticity code, qoa-paper.md §6.3, plasticity-and-baselines.md §4):
+loss-of-plasticity code, docs/protocol.md §4):
 
     h_k = 1[w_k · x + b_k > τ_k],   τ_k = β (m + 1) − S_k,   S_k = (m − Σ_i w_ki + b_k) / 2,
     y   = v · h + c,

@@ -1,6 +1,6 @@
 """Binary-pair split streams over a labelled image source: Split Tiny ImageNet (the QOA paper) and Split MNIST.
 
-The protocol (qoa-paper.md §6.2, after Dohare et al.'s Continual ImageNet): each task draws 2 distinct classes
+The protocol (docs/protocol.md §4, after Dohare et al.'s Continual ImageNet): each task draws 2 distinct classes
 uniformly from the first ``num_classes`` classes of the source (draws are independent, so classes recur across
 tasks), relabels the first one 0 and the second 1, and streams ``train_size`` of their training images
 (``train_size / 2`` per class, shuffled together) once in chunks of ``chunk_size``; the task's held-out queries

@@ -1,4 +1,4 @@
-"""The task-stream contract every benchmark keeps (DESIGN §3).
+"""The task-stream contract every benchmark keeps (docs/protocol.md §1).
 
 A stream is cheap to construct, knows its shapes, and regenerates any task from ``(seed, task)``: nothing per
 task is stored, so task 7,499 costs what task 0 costs and a resumed run sees exactly the data an uninterrupted

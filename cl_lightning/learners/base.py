@@ -1,4 +1,4 @@
-"""The base class every learner keeps: shapes, optimiser factory, online metric and episode evaluation (DESIGN §4)."""
+"""The base class every learner keeps: shapes, optimiser factory, online metric and evaluation (docs/protocol.md)."""
 
 from __future__ import annotations
 

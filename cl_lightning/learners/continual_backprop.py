@@ -1,12 +1,12 @@
 """Continual Backprop: Backprop plus generate-and-test (Dohare et al. 2024, "Loss of plasticity in deep continual
 learning"; the CBP baseline of Bekal et al. 2025, which reuses the authors' ``lop/algos/cbp.py`` verbatim).
 
-Per chunk, as ``ContinualBackprop.learn`` of the reference (plasticity-and-baselines.md §2.1): forward pass keeping
+Per chunk, as ``ContinualBackprop.learn`` of the reference (docs/baselines.md §2): forward pass keeping
 the post-ReLU features of every hidden layer, one optimiser step on the chunk's loss, then one generate-and-test
 step (:class:`~cl_lightning.nn.gnt.GenerateAndTest`) on those features, which replaces the lowest-utility mature
 units and resets their AdamGnT state. QOA paper, Permuted MNIST: the BP net 49 → 200×4 → 10, AdamGnT lr 1e-4,
 ``adaptable_contribution``, replacement rate 1e-4, maturity threshold 100, decay 0.99, accumulated replacement
-counts (qoa-paper.md §5). Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are
+counts (docs/baselines.md §2). Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are
 trained but never replaced (the reference's ConvGnT is a different algorithm).
 
 Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path: cl_lightning.nn.AdamGnT`` with

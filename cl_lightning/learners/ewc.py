@@ -1,4 +1,4 @@
-"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (Bekal et al. 2025, §5).
+"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (docs/baselines.md §3).
 
 Task-aware: at the end of each task, a diagonal empirical Fisher from the task's training data with the true
 labels, ``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N`` (per-batch squared gradients of the mean loss, weighted by
@@ -9,7 +9,7 @@ and training minimises
     L = CE + (λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²
 
 with λ = 1e5 and K = 5 (the paper's Split Tiny ImageNet setting; it ran EWC on no other benchmark). Other
-"EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): plasticity-and-baselines.md §8.
+"EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): docs/baselines.md §3.
 
 DDP: every rank computes the same Fisher from the whole task (the stream regenerates it), so penalties agree.
 """

@@ -1,5 +1,5 @@
 """Full attention: the in-context transformer baseline of Bekal et al. 2025 ("Transformer" in its figures;
-arXiv 2510.00365 §3 of qoa-paper.md), adapted from Wang, Chandra & Zhang (arXiv 2503.20018).
+arXiv 2510.00365; docs/baselines.md §5), adapted from Wang, Chandra & Zhang (arXiv 2503.20018).
 
 Supports are tokens ``[x_j, onehot(y_j)]`` (regression: ``[x_j, y_j]``), the query is ``[x_t, 0]``; a stack of
 single-head self-attention layers with residuals only (:class:`~cl_lightning.nn.transformer.TinyTransformer`)

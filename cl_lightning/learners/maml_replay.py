@@ -1,4 +1,4 @@
-"""MAML with a replay buffer (Bekal et al. 2025, arXiv 2510.00365, Algorithm 2; qoa-paper.md §4), after Finn,
+"""MAML with a replay buffer (Bekal et al. 2025, arXiv 2510.00365, Algorithm 2; docs/baselines.md §6), after Finn,
 Abbeel & Levine 2017 (arXiv 1703.03400).
 
 The FIFO buffer is cut into ``T`` equal contiguous regions (pseudo-tasks, not task ids); region ``i`` gives a

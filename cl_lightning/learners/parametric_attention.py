@@ -1,4 +1,4 @@
-"""Parametric attention: a fixed-size fast-weight memory written online (parametric-attention.md §6, a proposal).
+"""Parametric attention: a fixed-size fast-weight memory written online (docs/parametric-attention.md).
 
 McDermott, Heath Jr., Parhi (2026), "Lifelong In-Context Learning with Transformers Requires Parametric Forms of
 Attention", arXiv:2606.25342: replace the growing key-value cache by a state of constant size trained at test time
@@ -11,7 +11,7 @@ and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``c
 S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ. Readout: logits = τ · Sᵀq
 (τ learnable; regression reads Sᵀq), averaged over heads.
 
-The paper's open questions are switches (its §2.2 in our reading): the online objective — gates (``decay``,
+The paper's open questions are switches (docs/parametric-attention.md §1): the online objective — gates (``decay``,
 ``gated_delta_rule``, ``titans``' retention), several heads; the long-range signal — the Omega rule's window of the
 last c tokens (``omega``, ``window``), Titans-style momentum (``titans``), TTT mini-batches (``ttt_linear``,
 ``ttt_mlp``); how keys and values are made — a non-linear key feature map (``feature_map``), several key–value
@@ -19,7 +19,7 @@ pairs per example (``kv_pairs``), and a deep (two-layer MLP) memory (``ttt_mlp``
 key path (encoder, body, key projection) at its random init or after the first task, to separate slow-weight drift
 (keys written under an old θ, read under a new one) from the fast state's capacity.
 
-Protocols (§6.4 and §6.3):
+Protocols (docs/parametric-attention.md §4):
 
 - ``"lifelong"`` (default): one persistent S, never reset, no replay buffer, no task ids. Each arrival chunk is
   processed predict-then-write (prequential): example i is predicted from S and the chunk's examples before i, never
@@ -28,7 +28,7 @@ Protocols (§6.4 and §6.3):
 - ``"support_set"``: every chunk is an episode written predict-then-write into a *fresh* S (no carry-over); ``S``
   keeps the last chunk's state.
 
-Evaluation (θ and S frozen, no writes to S), both readings of DESIGN §4:
+Evaluation (θ and S frozen, no writes to S), both readings of docs/protocol.md §3:
 
 - ``predict_episode`` = **recontext**: write the episode's context into a fresh S, then read the queries (QOA's
   definition of forward/backward, logged as ``eval/forward_acc``, ``eval/backward_acc``, ``eval/acc_matrix/*``);
@@ -113,7 +113,7 @@ class ParametricAttention(ContinualLearner):
             with the columns of E), ``"ttt_mlp"`` (a two-layer MLP fast
             weight of width ``mlp_hidden``).
         protocol: ``"lifelong"`` (one persistent state) or ``"support_set"`` (a fresh state per chunk).
-        hidden_sizes: Widths of the encoder MLP's hidden layers (§6.2: [256, 256] for Permuted MNIST).
+        hidden_sizes: Widths of the encoder MLP's hidden layers (Permuted MNIST: [256, 256]).
         key_dim: d_k, per head: the rows of the state (the feature map's output width).
         num_heads: Heads, each with its own key projection, β, gate and state; their readouts are averaged.
         encoder: ``"flatten"`` or ``"cnn"`` (the QOA paper's shared CNN) before the MLP.

@@ -6,7 +6,7 @@ Keep a replay buffer B, draw a support set S ⊂ B, score each support with a le
     regression:      ŷ(x_t)       = Σ_{j ∈ S} softmax_j(Q_θ(x_t, x_j)) · y_j
 
 then take one Adam step on the loss of the query (cross-entropy over classes, or MSE). No keys, no values.
-Defaults follow the authors' Permuted-MNIST code, from which the published figures came (qoa-paper.md §2.4): a
+Defaults follow the authors' Permuted-MNIST code, from which the published figures came (docs/qoa.md §4): a
 FIFO buffer of 50,000, training once it is full, a contiguous window of ``support_size`` (V1: 1,000; V2: 200)
 whose first example of one random class is the query and the rest minus each class's first example the
 supports, one query per 400-example chunk.

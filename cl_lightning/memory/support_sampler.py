@@ -21,7 +21,7 @@ LabelSource = Tensor | Callable[[int, int], Tensor] | None
 def window_sample(
     labels: LabelSource, size: int, window: int, num_queries: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """The authors' contiguous-window sampler (qoa-paper.md §2.4, PMNIST and Split code).
+    """The authors' contiguous-window sampler (docs/qoa.md §4, PMNIST and Split code).
 
     A window of ``window`` contiguous stored examples is drawn uniformly; ``num_queries`` distinct classes present
     in it are drawn, and each one's *first* example in the window is a query; the supports are the window minus
@@ -62,7 +62,7 @@ def uniform_sample(size: int, support_size: int, num_queries: int, generator: to
 
 
 def sliding_sample(size: int, support_size: int, num_queries: int) -> tuple[Tensor, Tensor]:
-    """The paper's slowly-changing-regression sampler (qoa-paper.md §2.4, Algorithm 1): no randomness.
+    """The paper's slowly-changing-regression sampler (docs/qoa.md §4, Algorithm 1): no randomness.
 
     The queries are the ``num_queries`` newest stored examples (with one query per step and chunks of one: the
     current stream point) and the supports the ``support_size`` stored just before them (the 100 immediately
@@ -93,7 +93,7 @@ def sample_support(
 def pseudo_task_sample(
     size: int, num_tasks: int, support_size: int, query_size: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
-    """MAML-with-replay pseudo-tasks (qoa-paper.md §4, authors' code): contiguous slices of equal buffer regions.
+    """MAML-with-replay pseudo-tasks (docs/baselines.md §6, authors' code): contiguous slices of equal buffer regions.
 
     The ``size`` stored examples (logical order, oldest first) are cut into ``num_tasks`` equal contiguous regions
     (the last ``size mod num_tasks`` examples belong to none); in each a start is drawn uniformly, the next

@@ -1,6 +1,6 @@
 """AdamGnT: Adam with a step count per element, so generate-and-test can reset the state of single units.
 
-After Dohare et al. (2024), ``lop/utils/AdamGnT.py`` (plasticity-and-baselines.md §2.4–2.5). Torch's ``Adam``
+After Dohare et al. (2024), ``lop/utils/AdamGnT.py`` (docs/baselines.md §2). Torch's ``Adam``
 keeps one scalar step per tensor, so a replaced unit's row could not restart its bias correction; here every
 element has its own count ``t`` and :meth:`AdamGnT.reset_state` zeroes ``(t, m, v)`` of chosen rows or columns.
 

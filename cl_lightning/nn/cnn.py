@@ -1,4 +1,4 @@
-"""The convolutional feature extractor shared by every learner on Split Tiny ImageNet (qoa-paper.md §2.3).
+"""The convolutional feature extractor shared by every learner on Split Tiny ImageNet (docs/qoa.md §3).
 
 Conv(3→32, k5, pad 1) → ReLU → MaxPool2 → Conv(32→64, k3, pad 1) → ReLU → MaxPool2 → Conv(64→128, k3, pad 1)
 → ReLU → MaxPool2 → flatten: 32×32 inputs give 128·3·3 = 1,152 features. PyTorch's default conv init (the paper

@@ -1,7 +1,7 @@
 """Generate-and-test: the unit-replacement step of Continual Backprop (Dohare et al. 2024, ``lop/algos/gnt.py``).
 
 Run after each optimiser step on the post-activation features ``h`` of the forward pass before that step
-(plasticity-and-baselines.md §2.1–2.4). For every hidden layer, with η = ``decay_rate``:
+(docs/baselines.md §2). For every hidden layer, with η = ``decay_rate``:
 
 1. ``age += 1``; bias correction ``bc = 1 − η^age``.
 2. ``util ← η·util``; ``mean_act ← η·mean_act + (1−η)·mean_batch(h)``; ``ĥ = mean_act / bc``.

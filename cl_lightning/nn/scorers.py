@@ -1,4 +1,4 @@
-"""The query-only attention pair scorer Q_θ(x_t, x_j, y_j) (Bekal et al., arXiv 2510.00365, §2.3).
+"""The query-only attention pair scorer Q_θ(x_t, x_j, y_j) (Bekal et al., arXiv 2510.00365; docs/qoa.md §3).
 
 The authors' network is an MLP on the concatenation ``[x_j, x_t, onehot(y_j)]`` (108 → 100, 9 × (100 → 100),
 100 → 1 on Permuted MNIST; Xavier-uniform weights, zero biases). Its first layer is linear, so on a pair it equals
