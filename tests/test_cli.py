@@ -32,16 +32,17 @@ def test_every_config_instantiates(config: Path, quick: bool, tmp_path: Path) ->
 
 @pytest.mark.parametrize("config", ["qoa_pmnist.yaml", "qoa_v2_pmnist.yaml"])
 def test_quick_qoa_overlay(config: str, tmp_path: Path) -> None:
-    args = ["--config", str(CONFIGS / config), "--config", str(CONFIGS / "quick.yaml")]
+    args = ["--config", str(CONFIGS / config), "--config", str(CONFIGS / "quick_demo.yaml")]
     cli = main(
         [*args, "--config", str(CONFIGS / "quick_qoa.yaml"), f"--trainer.logger.init_args.save_dir={tmp_path}"],
         run=False,
     )
-    assert cli.model.support_size == 200
-    assert cli.model.queries_per_step == 16
-    assert cli.model.buffer.capacity == 5000
-    assert cli.trainer.max_epochs == 30
-    assert cli.datamodule.stream.chunk_size == 100
+    stream, model = cli.datamodule.stream, cli.model
+    assert (model.support_size, model.queries_per_step, model.sampler, model.use_labels) == (200, 10, "window", False)
+    assert model.buffer.capacity == 2 * stream.train_size  # the last two tasks; task t - 5 has left it
+    assert cli.trainer.max_epochs == stream.num_tasks == 60
+    assert stream.chunk_size == 100
+    assert cli.datamodule.context_size == 200
 
 
 def test_quick_maml_overlay_fills_its_buffer_within_the_quick_run(tmp_path: Path) -> None:
