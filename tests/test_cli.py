@@ -39,7 +39,7 @@ def test_quick_qoa_overlay(config: str, tmp_path: Path) -> None:
     )
     stream, model = cli.datamodule.stream, cli.model
     assert (model.support_size, model.queries_per_step, model.sampler, model.use_labels) == (200, 10, "window", False)
-    assert model.buffer.capacity == 2 * stream.train_size  # the last two tasks; task t - 5 has left it
+    assert model.buffer.capacity == stream.train_size  # one task: task t - 5 has left it
     assert cli.trainer.max_epochs == stream.num_tasks == 60
     assert stream.chunk_size == 100
     assert cli.datamodule.context_size == 200
