@@ -63,3 +63,16 @@ def test_qoa_keeps_what_it_learned_while_backprop_forgets(tmp_path: Path) -> Non
     assert qoa_fwd > 0.3, f"QOA forward {qoa_fwd:.3f} barely above chance"
     assert abs(qoa_fwd - qoa_bwd) <= 0.1, f"QOA forward {qoa_fwd:.3f} vs backward {qoa_bwd:.3f}"
     assert bp_fwd - bp_bwd >= 0.2, f"Backprop forward {bp_fwd:.3f} vs backward {bp_bwd:.3f}"
+
+
+def test_quick_fa_overlay_on_the_demo_stream(tmp_path: Path) -> None:
+    args = ["--config", str(CONFIGS / "full_attention_pmnist.yaml"), "--config", str(CONFIGS / "quick_demo.yaml")]
+    cli = main(
+        [*args, "--config", str(CONFIGS / "quick_fa.yaml"), f"--trainer.logger.init_args.save_dir={tmp_path}"],
+        run=False,
+    )
+    model = cli.model
+    assert len(model.transformer.q) == 2
+    assert model.queries_per_step == 16
+    assert model.buffer.capacity >= model.support_size + model.queries_per_step  # 99 supports + 16 queries fit
+    assert cli.trainer.max_epochs == 60
