@@ -52,7 +52,7 @@ def test_task_mean_equals_lightnings_weighted_epoch_mean(tmp_path: Path) -> None
     w = torch.tensor([1 + i % 5 for i in range(12)], dtype=torch.float64)
     v = torch.tensor([i * i + ys[i] for i in range(12)], dtype=torch.float64)
     torch.testing.assert_close(m["fast/value"].double(), (w * v).sum() / w.sum(), rtol=1e-6, atol=1e-6)
-    assert model._task_sums == {}
+    assert model._task_means == {}
 
 
 def test_progress_bar_redraws_at_most_every_min_interval() -> None:

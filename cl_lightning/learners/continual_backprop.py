@@ -26,9 +26,8 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.data.stream import StreamBatch
+from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.learners.base import TaskType
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
 from cl_lightning.nn.mlp import InitName
