@@ -88,6 +88,8 @@ def test_every_learner_trains_under_ddp_with_ranks_in_lockstep(tmp_path: Path, l
     assert metrics["ddp/tasks_checked"] == 3  # the ranks agreed after every task (an assertion fails the run)
     assert torch.isfinite(metrics["train/online_acc"])
     assert metrics["eval/forward_acc"] > 0.45  # 4 classes; learned from half of every chunk on each rank
+    # every rank evaluated every episode, so rank 0 has the whole accuracy matrix (not only its share of episodes)
+    assert {f"eval/acc_matrix/task_{j}" for j in range(3)} <= set(metrics)
 
 
 class _TaskMeanProbe(Backprop):

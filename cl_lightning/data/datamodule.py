@@ -5,7 +5,8 @@ Under DDP every chunk is split across the W ranks in equal shares: rank r takes 
 first ``W · ⌊B / W⌋`` (the last ``B mod W`` examples of a chunk, fewer than W, are dropped, as
 ``DistributedSampler(drop_last=True)`` does). Equal shares keep the ranks in lockstep: every rank's replay buffer
 holds as many examples as every other's, so a learner that waits for its memory to fill starts stepping on the
-same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients).
+same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients). Every rank
+evaluates every episode (the learner's scores are averaged over the ranks), so every rank logs the same keys.
 Evaluation after task ``t``:
 
 - **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch
 from cl_lightning.data.stream import TaskStream
@@ -46,8 +47,12 @@ class ChunkDataset(IterableDataset):
             yield StreamBatch(x[sl], y[sl], t[sl])
 
 
-class EpisodeDataset(Dataset):
-    """One evaluation episode per item: ``(task, slots its score is logged under)``."""
+class EpisodeDataset(IterableDataset):
+    """The evaluation episodes, one per item: ``(task, slots its score is logged under)``.
+
+    Iterable, so Lightning does not shard it under DDP: every rank evaluates every episode and logs the same keys
+    (scores averaged over the ranks), never a key that only another rank has.
+    """
 
     def __init__(
         self, stream: TaskStream, items: list[tuple[int, list[EvalSlot]]], context_size: int, queries: int | None
@@ -58,10 +63,10 @@ class EpisodeDataset(Dataset):
         """Number of episodes."""
         return len(self.items)
 
-    def __getitem__(self, i: int) -> EvalBatch:
-        """The episode, its task and the slots the learner logs its score under."""
-        task, slots = self.items[i]
-        return EvalBatch(self.stream.episode(task, self.context_size, self.queries), task, tuple(slots))
+    def __iter__(self) -> Iterator[EvalBatch]:
+        """The episodes, their tasks and the slots the learner logs their scores under."""
+        for task, slots in self.items:
+            yield EvalBatch(self.stream.episode(task, self.context_size, self.queries), task, tuple(slots))
 
 
 def _identity(item: Any) -> Any:

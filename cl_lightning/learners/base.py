@@ -188,8 +188,9 @@ class ContinualLearner(LightningModule, ABC):
         readings.update(self.extra_readings(context_x, context_y, query_x))
         for reading, pred in readings.items():
             value = self.score(pred, query_y)
-            for slot in batch.slots:
-                self.log(metric_key(slot, self.metric_name, reading), value, add_dataloader_idx=False, batch_size=1)
+            for slot in batch.slots:  # every rank evaluates every episode: DDP averages the ranks' scores
+                key = metric_key(slot, self.metric_name, reading)
+                self.log(key, value, add_dataloader_idx=False, batch_size=1, sync_dist=True)
 
     def validation_step(self, batch: EvalBatch, batch_idx: int) -> None:
         """Evaluate one episode (forward, backward or a probe task of the accuracy matrix)."""
