@@ -205,3 +205,18 @@ def test_continual_learner_is_abstract_and_enforced() -> None:
 def test_every_learner_offers_what_callbacks_call() -> None:
     for name, model in _small_learners().items():
         assert isinstance(model, ObservedLearner), name
+
+
+@pytest.mark.parametrize("name", ["knn", "qoa", "full_attention", "maml"])
+def test_replay_learners_answer_from_the_first_context_examples_or_the_newest_stored(name: str) -> None:
+    model = _small_learners()[name].eval()
+    gen = torch.Generator().manual_seed(5)
+    x, y = torch.randn(12, 6, generator=gen), torch.randint(0, 3, (12,), generator=gen)
+    model.buffer.add(x, y, torch.zeros(12, dtype=torch.long))
+    cx, cy, qx = _episode()
+    cx, cy = torch.cat([cx, x[:3]]), torch.cat([cy, y[:3]])  # 8 context examples, support_size 5
+    n = model.support_size
+    torch.testing.assert_close(model.predict_episode(cx, cy, qx), model.predict_support(qx, cx[:n], cy[:n]))
+    empty = model.predict_episode(cx[:0], cy[:0], qx)
+    torch.testing.assert_close(empty, model.predict_support(qx, x[-n:], y[-n:]))
+    torch.testing.assert_close(model(qx), empty)
