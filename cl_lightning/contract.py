@@ -158,4 +158,5 @@ def require(obj: Any, protocol: type, who: str) -> None:
         for name in (*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_")))
         if not hasattr(obj, name)
     )
-    raise TypeError(f"{who} needs a {protocol.__name__}; {type(obj).__name__} lacks {', '.join(missing) or '?'}")
+    lacks = ", ".join(missing) or "?"
+    raise TypeError(f"{who} needs the {protocol.__name__} interface; {type(obj).__name__} lacks {lacks}")

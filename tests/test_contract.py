@@ -61,7 +61,8 @@ def test_a_monitor_on_a_module_without_the_contract_names_what_is_missing(tmp_pa
     trainer = Trainer(accelerator="cpu", max_epochs=1, logger=False, default_root_dir=tmp_path)
     trainer.datamodule = StreamDataModule(SyntheticClasses(num_tasks=1))
     assert not isinstance(_Plain(), ObservedLearner)
-    with pytest.raises(TypeError, match=r"PlasticityMonitor needs a ObservedLearner; _Plain lacks .*output_layer"):
+    message = r"PlasticityMonitor needs the ObservedLearner interface; _Plain lacks .*output_layer"
+    with pytest.raises(TypeError, match=message):
         PlasticityMonitor().setup(trainer, _Plain(), "fit")
 
 
