@@ -30,11 +30,13 @@ class TaskMean(Metric):
     """Weighted mean of batch means over one task, summed over DDP ranks by torchmetrics (float64 states).
 
     ``update(value, weight)`` adds ``value · weight`` and ``weight``; the states are reduced with ``sum`` across
-    ranks, so the mean is over every rank's examples. Not ``torchmetrics.MeanMetric``: in torchmetrics 1.9 its
-    ``nan_strategy="disable"`` drops the weights (weighted mean of 1 (w 1) and 3 (w 3): 2.0, not 2.5), and the
-    other strategies check for NaN with a host synchronisation and, except ``"error"``, silently drop a NaN
-    loss from the mean; its update cost 57 µs against 28 µs for this one and 16 µs for a plain tensor sum
-    (one CPU thread, measured for this change). A NaN here stays NaN, so a diverged run shows as one.
+    ranks, so the mean is over every rank's examples. Not ``torchmetrics.MeanMetric`` (torchmetrics 1.9): with
+    ``nan_strategy="disable"`` it drops the weights (the weighted mean of 1 (weight 1) and 3 (weight 3) comes out
+    2.0, not 2.5); the other strategies test for NaN with a host synchronisation per update and, except
+    ``"error"``, silently drop a NaN loss from the mean; and an update costs 89–93 µs against 36–41 µs here and
+    22 µs for the plain tensor sums this replaced (one thread, best of 5 × 20,000, on a loaded 2-core machine). A
+    learner's two calls a step cost 71 µs against 47 µs before: about 1 % of a one-point slowly-changing-regression
+    step (2.5 ms). A NaN here stays NaN, so a diverged run shows as one.
     """
 
     full_state_update = False
@@ -48,8 +50,8 @@ class TaskMean(Metric):
 
     def update(self, value: Tensor, weight: float) -> None:
         """Add a batch mean ``value`` of ``weight`` examples."""
-        self.total += value.detach().to(torch.float64) * weight
-        self.weight += weight
+        self.total.add_(value.detach().to(torch.float64), alpha=weight)  # one kernel; value · weight is exact in f64
+        self.weight.add_(weight)
 
     def compute(self) -> Tensor:
         """The weighted mean (NaN when nothing was added on any rank)."""
