@@ -77,10 +77,18 @@ def _ddp_trainer(tmp_path: Path, callbacks: list[Callback], tasks: int = 3) -> T
     )
 
 
+# MAML with admission draws and one meta-update per admitted example: several backward passes per chunk
+MAML_ADMITTED = [a for a in LEARNERS["maml"] if not a.startswith(("--model.admission_prob", "--model.update_on"))]
+DDP_LEARNERS = {
+    **{k: v for k, v in LEARNERS.items() if k != "knn"},
+    "maml_admitted": [*MAML_ADMITTED, "--model.admission_prob=0.5", "--model.start_when_full=false"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("learner", sorted(set(LEARNERS) - {"knn"}))
+@pytest.mark.parametrize("learner", sorted(DDP_LEARNERS))
 def test_every_learner_trains_under_ddp_with_ranks_in_lockstep(tmp_path: Path, learner: str) -> None:
-    cli = main(tiny_args(tmp_path, LEARNERS[learner]), run=False)
+    cli = main(tiny_args(tmp_path, DDP_LEARNERS[learner]), run=False)
     trainer = _ddp_trainer(tmp_path, [_RanksAgree()])
     trainer.fit(cli.model, cli.datamodule)
     metrics = trainer.callback_metrics
