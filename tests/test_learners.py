@@ -175,6 +175,8 @@ def test_parametric_output_layer_is_the_key_projection_not_the_last_registered_l
     grads = torch.autograd.grad(live.sum(), [m.weight for m in heads], allow_unused=True)
     read, beta, gate = (None if g is None else float(g.abs().sum()) for g in grads)
     assert read > 0  # the read-out q = l2n(W_k h) feeds the prediction; β and the gate only shape writes
+    ttt = ParametricAttention(input_shape=(6,), num_outputs=3, rule="ttt_linear", hidden_sizes=[8], key_dim=4)
+    assert ttt.output_layer() is ttt.value_embed  # TTT's reading is mapped back to values through it
     assert beta in (None, 0.0)
     assert gate in (None, 0.0)
 

@@ -391,9 +391,9 @@ class ParametricAttention(ContinualLearner):
         return {"live": self.read(self.live_state(), self.encode(query_x).keys)}
 
     def output_layer(self) -> nn.Module:
-        """The key (= query) projection: the last trained layer on the read-out path τ · Sᵀ l2n(W_k h) (β and the
-        gates only shape the writes)."""
-        return self.key_proj
+        """The last trained layer on the read-out path (β and the gates only shape the writes): the key (= query)
+        projection of τ · Sᵀ φ(W_k h), or for ``ttt_linear`` the value embedding its reading is mapped back through."""
+        return self.value_embed if self.rule == "ttt_linear" else self.key_proj
 
     def probe_layers(self) -> dict[str, nn.Module]:
         """The encoder MLP's layers (their ReLU outputs are the hidden features; keys, β and gates are heads)."""
