@@ -86,6 +86,25 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     return f"test/{m}/task_{slot.task}"
 
 
+def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalSlot | None:
+    """The slot :func:`metric_key` made ``key`` from, or ``None`` (the inverse, for readers of logged runs).
+
+    >>> parse_metric_key("eval/acc_matrix/task_12", "acc")
+    EvalSlot(role='matrix', task=12)
+    >>> parse_metric_key("eval/forward_live_acc", "acc") is None
+    True
+    """
+    for role in ("forward", "backward"):
+        if key == metric_key(EvalSlot(role), metric, reading):
+            return EvalSlot(role)
+    for role in ("matrix", "final"):
+        head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
+        tail = key.removeprefix(head)
+        if tail != key and tail.isdigit():
+            return EvalSlot(role, int(tail))
+    return None
+
+
 @runtime_checkable
 class ObservedLearner(Protocol):
     """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it).

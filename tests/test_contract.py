@@ -12,7 +12,7 @@ from helpers import ROOT
 from lightning.pytorch import LightningModule, Trainer
 
 from cl_lightning.callbacks import PlasticityMonitor
-from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
+from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key, parse_metric_key
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 
 PACKAGE = ROOT / "cl_lightning"
@@ -25,6 +25,16 @@ def test_metric_keys_are_the_logged_names() -> None:
     assert metric_key(EvalSlot("final", 3), "mse") == "test/mse/task_3"
     assert metric_key(EvalSlot("forward"), "acc", "live") == "eval/forward_live_acc"
     assert metric_key(EvalSlot("matrix", 0), "acc", "live") == "eval/live_acc_matrix/task_0"
+
+
+@pytest.mark.parametrize("reading", [None, "live"])
+def test_parse_metric_key_inverts_metric_key(reading: str | None) -> None:
+    slots = [EvalSlot("forward"), EvalSlot("backward"), EvalSlot("matrix", 0), EvalSlot("matrix", 7_499)]
+    for slot in [*slots, EvalSlot("final", 42)]:
+        for m in ("acc", "mse"):
+            assert parse_metric_key(metric_key(slot, m, reading), m, reading) == slot
+    assert parse_metric_key("eval/acc_matrix/task_3", "mse") is None
+    assert parse_metric_key("train/online_acc", "acc") is None
 
 
 def test_the_data_module_hands_out_slots_for_forward_backward_and_the_matrix() -> None:
