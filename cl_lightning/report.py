@@ -35,6 +35,7 @@ import numpy as np
 import yaml
 
 from cl_lightning.callbacks.forgetting import window_means
+from cl_lightning.contract import EvalSlot, metric_key
 
 SCALARS = ("forward", "backward", "online")
 
@@ -174,7 +175,8 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
             logged = max(scalars.get("epoch", {0: 0}).values()) + 1
             num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged)
             if exp is None:
-                metric = "acc" if "eval/forward_acc" in scalars or "train/online_acc" in scalars else "mse"
+                forward_acc = metric_key(EvalSlot("forward"), "acc")
+                metric = "acc" if forward_acc in scalars or "train/online_acc" in scalars else "mse"
                 stream = str(config.get("data", {}).get("stream", {}).get("class_path", "")).rsplit(".", 1)[-1]
                 label = (meta.get("labels") or {}).get(name, name)
                 published = (meta.get("published") or {}).get(name)
@@ -233,7 +235,8 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
         unfinished = int((~done).sum())
         row |= {"unfinished": unfinished, "tasks": exp.num_tasks, "final_window": final}
-        for what, tag in zip(SCALARS, (f"eval/forward_{m}", f"eval/backward_{m}", f"train/online_{m}"), strict=True):
+        tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), f"train/online_{m}")
+        for what, tag in zip(SCALARS, tags, strict=True):
             mean, std, _ = final_window(exp.rows(tag), final)
             row |= {f"{what}_mean": mean, f"{what}_std": std, f"{what}_paper": paper_text(entry.get(what))}
         for what in ("avg", "bwt", "fwt", "forgetting"):

@@ -15,6 +15,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cl_lightning.callbacks.forgetting import accuracy_matrix_figure
+from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
 from cl_lightning.report import Experiment, minmax_per_seed, seed_band
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
@@ -94,12 +95,13 @@ def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
 
 def matrix_figure(exp: Experiment) -> Figure | None:
     """The probe-set matrix R averaged over seeds (cells no seed measured stay blank)."""
-    prefix = f"eval/{exp.metric}_matrix/task_"
-    probes = sorted(int(tag.removeprefix(prefix)) for tag in exp.curves if tag.startswith(prefix))
+    slots = [parse_metric_key(tag, exp.metric) for tag in exp.curves]
+    probes = sorted(slot.task for slot in slots if slot is not None and slot.role == "matrix")
     if not probes:
         return None
     # (seeds, rows = probe tasks, cols = probe tasks): R[i, j] logged at the end of probe task i
-    stacked = np.stack([exp.rows(f"{prefix}{j}")[:, probes] for j in probes], axis=-1)
+    keys = [metric_key(EvalSlot("matrix", j), exp.metric) for j in probes]
+    stacked = np.stack([exp.rows(key)[:, probes] for key in keys], axis=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # cells no seed measured
         mean = np.nanmean(stacked, axis=0)

@@ -51,7 +51,67 @@ QOA = [
     "--model.optimizer=torch.optim.Adam",
     "--model.optimizer.lr=0.003",
 ]
-LEARNERS = {"backprop": BACKPROP, "qoa": QOA}
+KNN = ["--model=cl_lightning.learners.KNN", "--model.memory_size=64", "--model.support_size=64", "--model.k=5"]
+FULL_ATTENTION = [
+    "--model=cl_lightning.learners.FullAttention",
+    "--model.memory_size=64",
+    "--model.support_size=48",
+    "--model.admit_last=null",
+    "--model.queries_per_step=16",
+    "--model.num_layers=2",
+    "--model.optimizer=torch.optim.Adam",
+    "--model.optimizer.lr=0.01",
+]
+MAML = [
+    "--model=cl_lightning.learners.MAMLReplay",
+    "--model.hidden_sizes=[32]",
+    "--model.memory_size=64",
+    "--model.num_pseudo_tasks=2",
+    "--model.support_size=8",
+    "--model.query_size=8",
+    "--model.inner_steps=2",
+    "--model.inner_lr=0.5",
+    "--model.admission_prob=1.0",
+    "--model.update_on=chunk",
+    "--model.optimizer=torch.optim.Adam",
+    "--model.optimizer.lr=0.003",
+    "--trainer.inference_mode=false",
+    "--data.stream.chunk_size=32",
+]
+EWC = [
+    "--model=cl_lightning.learners.EWC",
+    "--model.hidden_sizes=[32, 32]",
+    "--model.ewc_lambda=100.0",
+    "--model.num_penalties=2",
+    "--model.optimizer=torch.optim.Adam",
+    "--model.optimizer.lr=0.01",
+]
+CBP = [
+    "--model=cl_lightning.learners.ContinualBackprop",
+    "--model.hidden_sizes=[32, 32]",
+    "--model.replacement_rate=0.05",
+    "--model.maturity_threshold=5",
+    "--model.optimizer=cl_lightning.nn.AdamGnT",
+    "--model.optimizer.lr=0.01",
+]
+PARAMETRIC = [
+    "--model=cl_lightning.learners.ParametricAttention",
+    "--model.rule=gated_delta_rule",
+    "--model.hidden_sizes=[32]",
+    "--model.key_dim=16",
+    "--model.optimizer=torch.optim.Adam",
+    "--model.optimizer.lr=0.003",
+]
+LEARNERS = {
+    "backprop": BACKPROP,
+    "qoa": QOA,
+    "knn": KNN,
+    "full_attention": FULL_ATTENTION,
+    "maml": MAML,
+    "ewc": EWC,
+    "cbp": CBP,
+    "parametric": PARAMETRIC,
+}
 
 
 def fit(tmp_path: Path, learner: list[str], tasks: int = 3, extra: list[str] | None = None):

@@ -1,16 +1,22 @@
-"""Two-process DDP on CPU (gloo): every chunk is split across the ranks, gradients are averaged."""
+"""Two-process DDP on CPU (gloo): every chunk is split across the ranks in equal shares, gradients are averaged, the
+ranks step together (also while memory fills), and the task means are reduced over the ranks without hanging."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from helpers import LEARNERS, tiny_args
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.strategies import DDPStrategy
 
 from cl_lightning.cli import main
+from cl_lightning.contract import StreamBatch
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 from cl_lightning.data.datamodule import ChunkDataset
+from cl_lightning.learners import Backprop
 
 
 def test_each_rank_takes_its_share_of_every_chunk() -> None:
@@ -25,13 +31,112 @@ def test_each_rank_takes_its_share_of_every_chunk() -> None:
     assert StreamDataModule(stream).num_tasks == 2
 
 
+def test_shares_are_equal_when_the_chunk_does_not_divide() -> None:
+    stream = SyntheticClasses(num_tasks=1, train_size=70, chunk_size=11)  # 6 chunks of 11 and one of 4
+    for world in (2, 3):
+        shares = [list(ChunkDataset(stream, 0, rank=r, world_size=world)) for r in range(world)]
+        for chunk, parts in enumerate(zip(*shares, strict=True)):
+            n = stream.chunk(0, chunk).x.shape[0]
+            assert {p.x.shape[0] for p in parts} == {n // world}  # the last n mod W examples are dropped
+            taken = torch.cat([p.x for p in parts])
+            assert torch.equal(taken.sort(0).values, stream.chunk(0, chunk).x[: n - n % world].sort(0).values)
+
+
+class _RanksAgree(Callback):
+    """After every task: every rank holds the same parameters (averaged gradients, steps taken together) and, for a
+    replay learner, a buffer as full as every other rank's (equal shares)."""
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        params = [p.detach().flatten() for p in pl_module.parameters()]
+        flat = torch.cat(params) if params else torch.zeros(1)
+        gathered = trainer.strategy.all_gather(flat)  # (W, P)
+        assert torch.equal(gathered[0], gathered[1]), "ranks' parameters differ"
+        if hasattr(pl_module, "buffer"):
+            sizes = trainer.strategy.all_gather(pl_module.buffer.n_seen)  # (W,)
+            assert int(sizes[0]) == int(sizes[1]) > 0, sizes
+        pl_module.log("ddp/tasks_checked", float(trainer.current_epoch + 1), rank_zero_only=True)
+
+
+def _ddp_trainer(tmp_path: Path, callbacks: list[Callback], tasks: int = 3) -> Trainer:
+    # a collective that never completes fails after the timeout instead of hanging the test run
+    strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=120))
+    return Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_epochs=tasks,
+        reload_dataloaders_every_n_epochs=1,
+        num_sanity_val_steps=0,
+        inference_mode=False,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=callbacks,
+    )
+
+
+# MAML with admission draws and one meta-update per admitted example: several backward passes per chunk
+MAML_ADMITTED = [a for a in LEARNERS["maml"] if not a.startswith(("--model.admission_prob", "--model.update_on"))]
+DDP_LEARNERS = {
+    **{k: v for k, v in LEARNERS.items() if k != "knn"},
+    "maml_admitted": [*MAML_ADMITTED, "--model.admission_prob=0.5", "--model.start_when_full=false"],
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("learner", ["backprop", "qoa"])
-def test_ddp_spawn_two_cpu_processes(tmp_path: Path, learner: str) -> None:
-    extra = ["--trainer.strategy=ddp_spawn", "--trainer.devices=2", "--trainer.deterministic=false"]
-    args = [a for a in tiny_args(tmp_path, LEARNERS[learner]) if not a.startswith("--trainer.devices")]
-    cli = main([*args, *extra], run=False)
-    cli.trainer.fit(cli.model, cli.datamodule)
-    metrics = cli.trainer.callback_metrics
-    assert cli.trainer.world_size == 2
+@pytest.mark.parametrize("learner", sorted(DDP_LEARNERS))
+def test_every_learner_trains_under_ddp_with_ranks_in_lockstep(tmp_path: Path, learner: str) -> None:
+    cli = main(tiny_args(tmp_path, DDP_LEARNERS[learner]), run=False)
+    trainer = _ddp_trainer(tmp_path, [_RanksAgree()])
+    trainer.fit(cli.model, cli.datamodule)
+    metrics = trainer.callback_metrics
+    assert trainer.world_size == 2
+    assert metrics["ddp/tasks_checked"] == 3  # the ranks agreed after every task (an assertion fails the run)
+    assert torch.isfinite(metrics["train/online_acc"])
     assert metrics["eval/forward_acc"] > 0.45  # 4 classes; learned from half of every chunk on each rank
+    # every rank evaluated every episode, so rank 0 has the whole accuracy matrix (not only its share of episodes)
+    assert {f"eval/acc_matrix/task_{j}" for j in range(3)} <= set(metrics)
+
+
+class _TaskMeanProbe(Backprop):
+    """Logs one name on rank 0 only (as a replay learner whose memory fills later on one rank would) and one
+    weighted value per rank whose reduced mean is known."""
+
+    def training_step(self, batch: StreamBatch, batch_idx: int) -> torch.Tensor:
+        if self.global_rank == 0:
+            self.log_task_mean("probe/rank0_only", torch.tensor(3.0), 2)
+        rank = torch.tensor(float(self.global_rank))
+        self.log_task_mean("probe/rank", rank, 1 + self.global_rank)  # rank 0 weighs 1, rank 1 weighs 2
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.slow
+def test_task_means_reduce_over_ranks_when_one_rank_skips_a_name(tmp_path: Path) -> None:
+    stream = SyntheticClasses(num_tasks=2, train_size=64, chunk_size=16)
+    model = _TaskMeanProbe(input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=[8])
+    trainer = _ddp_trainer(tmp_path, [], tasks=2)
+    trainer.fit(model, StreamDataModule(stream, context_size=8, eval_queries=8, num_probe_tasks=0))
+    metrics = trainer.callback_metrics
+    torch.testing.assert_close(metrics["probe/rank0_only"], torch.tensor(3.0))
+    torch.testing.assert_close(metrics["probe/rank"], torch.tensor(2.0 / 3.0))  # (0·1·4 + 1·2·4) / (1·4 + 2·4)
+
+
+def test_a_chunk_smaller_than_the_world_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = SyntheticClasses(num_tasks=1, train_size=8, chunk_size=1)
+    dm = StreamDataModule(stream, context_size=4)
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, default_root_dir=tmp_path)
+    monkeypatch.setattr(Trainer, "world_size", property(lambda self: 2))  # what a two-rank run reports
+    dm.trainer = trainer
+    with pytest.raises(ValueError, match="chunk_size 1 cannot be split across 2 ranks"):
+        dm.setup("fit")
+
+
+def test_knn_refuses_ddp_with_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's DistributedDataParallel refuses a module without trainable parameters; KNN says so first."""
+    cli = main(tiny_args(tmp_path, LEARNERS["knn"]), run=False)
+    cli.model.trainer = cli.trainer
+    monkeypatch.setattr(Trainer, "world_size", property(lambda self: 2))
+    with pytest.raises(ValueError, match="KNN has no parameters to train across devices"):
+        cli.model.setup("fit")

@@ -44,8 +44,8 @@ def _bad_inputs(tmp: Path, ckpt: Path) -> dict[str, tuple[list[str], list[str], 
         "wrong type": (BACKPROP, ["--model.hidden_sizes=wide"], "model.init_args.hidden_sizes: expected list[int]"),
         "value outside a choice": (BACKPROP, ["--model.init=he"], "expected one of 'kaiming', 'xavier', 'default'"),
         "missing config file": (BACKPROP, ["--config", str(tmp / "nope.yaml")], "nope.yaml': no such file"),
-        "support size 0": (QOA, ["--model.support_size=0"], "support_size and queries_per_step must be >= 1"),
-        "support larger than the buffer": (QOA, ["--model.support_size=500"], "must fit in memory_size 128"),
+        "support size 0": (QOA, ["--model.support_size=0"], "support_size must be >= 1"),
+        "support larger than the buffer": (QOA, ["--model.support_size=500"], "500 is larger than memory_size 128"),
         "chunk larger than a task": (BACKPROP, ["--data.stream.chunk_size=100000"], "larger than a task's train_size"),
         "chunk 0": (BACKPROP, ["--data.stream.chunk_size=0"], "chunk_size must be >= 1, got 0"),
         "negative task count": (BACKPROP, ["--data.stream.num_tasks=-3"], "num_tasks must be >= 1, got -3"),
@@ -100,11 +100,10 @@ def test_error_in_a_subprocess_has_no_traceback_and_debug_shows_it(tmp_path: Pat
     assert plain.returncode == 2
     assert "Traceback" not in plain.stderr
     assert [line for line in plain.stderr.splitlines() if line.startswith("error:")] == [
-        "error: QueryOnlyAttention: support_size and queries_per_step must be >= 1 and online_queries >= 0 "
-        "(traceback: --debug)"
+        "error: QueryOnlyAttention: support_size must be >= 1 and online_queries >= 0 (traceback: --debug)"
     ]
     assert not (tmp_path / "logs").exists()
-    with pytest.raises(ValueError, match="support_size and queries_per_step must be >= 1"):  # --debug: the error
+    with pytest.raises(ValueError, match="support_size must be >= 1"):  # --debug: the error
         main([*cmd[3:], "--debug"])
 
 

@@ -80,8 +80,11 @@ def test_paper_defaults() -> None:
 def test_only_the_chunk_tail_enters_the_buffer_and_the_newest_is_the_query() -> None:
     model = FullAttention(input_shape=(2,), num_outputs=2, memory_size=4, support_size=3, admit_last=4, num_layers=1)
     x = torch.arange(20.0).reshape(10, 2)
+    steps = []
+    model.replay_step = steps.append  # the optimiser step needs a Trainer; the loss it would take is recorded
     out = model.training_step((x, torch.zeros(10, dtype=torch.long), torch.zeros(10, dtype=torch.long)), 0)
-    assert out is not None
+    assert len(steps) == 1
+    assert torch.equal(out, steps[0].detach())
     stored, _ = model.buffer.get(torch.arange(4))
     torch.testing.assert_close(stored, x[-4:])
 

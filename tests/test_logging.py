@@ -11,6 +11,7 @@ from cl_lightning.callbacks import TaskProgressBar
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 from cl_lightning.data.stream import StreamBatch
 from cl_lightning.learners import Backprop
+from cl_lightning.learners.base import TaskMean
 
 
 class _BothWays(Backprop):
@@ -52,7 +53,7 @@ def test_task_mean_equals_lightnings_weighted_epoch_mean(tmp_path: Path) -> None
     w = torch.tensor([1 + i % 5 for i in range(12)], dtype=torch.float64)
     v = torch.tensor([i * i + ys[i] for i in range(12)], dtype=torch.float64)
     torch.testing.assert_close(m["fast/value"].double(), (w * v).sum() / w.sum(), rtol=1e-6, atol=1e-6)
-    assert model._task_sums == {}
+    assert model._task_means == {}
 
 
 def test_progress_bar_redraws_at_most_every_min_interval() -> None:
@@ -62,3 +63,12 @@ def test_progress_bar_redraws_at_most_every_min_interval() -> None:
     assert bar._should_update(100, 100)  # but a task's last chunk always shows
     every = TaskProgressBar(min_interval=0.0, refresh_rate=10)
     assert [n for n in range(1, 31) if every._should_update(n, 30)] == [10, 20, 30]
+
+
+def test_task_mean_is_weighted_and_keeps_a_nan() -> None:
+    mean = TaskMean()
+    mean.update(torch.tensor(1.0), 1)
+    mean.update(torch.tensor(3.0), 3)
+    assert float(mean.compute()) == 2.5
+    mean.update(torch.tensor(float("nan")), 2)  # a diverged loss must show, not vanish from the mean
+    assert torch.isnan(mean.compute())

@@ -10,7 +10,9 @@ import time
 from typing import Any
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
+
+from cl_lightning.contract import ObservedLearner
 
 
 class CostMonitor(Callback):
@@ -33,17 +35,17 @@ class CostMonitor(Callback):
         self._end = 0.0
         self._steps = 0
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Reset the task's clock."""
         self._start, self._steps = None, 0
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, trainer: Trainer, pl_module: ObservedLearner, batch: Any, batch_idx: int) -> None:
         """Start the clock at the task's first step."""
         if self._start is None:
             self._start = time.perf_counter()
 
     def on_train_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+        self, trainer: Trainer, pl_module: ObservedLearner, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Count the step and stop the clock (synchronising CUDA once, at the task's last step)."""
         if batch_idx == trainer.num_training_batches - 1 and pl_module.device.type == "cuda":
@@ -51,7 +53,7 @@ class CostMonitor(Callback):
         self._steps += 1
         self._end = time.perf_counter()
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Log the task's memory and time per step."""
         log = {
             "memory/context_bytes": float(pl_module.context_memory_bytes()),

@@ -1,9 +1,10 @@
 """The accuracy matrix on the probe set and the transfer / forgetting metrics that follow from it, with pictures.
 
-The data module evaluates every probe task after each probe task and the learner logs the scores as
-``eval/{m}_matrix/task_j`` (``m`` = ``acc``, or ``mse`` for regression); this callback only collects them (nothing is
-evaluated twice), keeps ``R`` in its state (a resumed run restores it), and computes the metrics with the pure
-functions of :mod:`cl_lightning.metrics.forgetting` (definitions and how other libraries differ: there).
+The data module evaluates every probe task after each probe task and the learner logs the scores under
+``metric_key(EvalSlot("matrix", j), m)`` (:mod:`cl_lightning.contract`; ``m`` = ``acc``, or ``mse`` for
+regression); this callback only collects them (nothing is evaluated twice), keeps ``R`` in its state (a resumed
+run restores it), and computes the metrics with the pure functions of :mod:`cl_lightning.metrics.forgetting`
+(definitions and how other libraries differ: there).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from matplotlib.figure import Figure
 
-from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode
+from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
+from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
 from cl_lightning.metrics import average_accuracy, backward_transfer, forgetting, forward_transfer, intransigence
 
 
@@ -119,9 +121,10 @@ class ForgettingMonitor(Callback):
 
     With MSE (regression) every difference is signed so that positive BWT/FWT mean improvement and positive
     forgetting/intransigence mean harm (``lower_is_better``). Figures (TensorBoard, on each new row, so at most
-    ``K`` times): ``forgetting/{m}_matrix`` (heatmap of R with the init row) and ``forgetting/curves`` (forward
-    and backward score after every task, and each probe task's column of R over training). It also keeps the
-    per-task ``eval/forward_{m}`` and ``eval/backward_{m}`` for the curves.
+    ``K`` times): ``forgetting/acc_matrix`` (``mse_matrix`` for regression; heatmap of R with the init row) and
+    ``forgetting/curves`` (forward and backward score after every task, and each probe task's column of R over
+    training). It also keeps the per-task forward and backward scores (``eval/forward_{m}``,
+    ``eval/backward_{m}``) for the curves.
 
     Cost knobs: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this
     callback runs), ``plot`` and ``plot_budget`` (drawing two figures takes ~0.5 s of matplotlib: on a short run
@@ -155,11 +158,12 @@ class ForgettingMonitor(Callback):
         self.forward = torch.empty(0, dtype=torch.float64)  # (T,) eval/forward_{m} after each task
         self.backward = torch.empty(0, dtype=torch.float64)  # (T,) eval/backward_{m} after each task
 
-    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+    def setup(self, trainer: Trainer, pl_module: ObservedLearner, stage: str) -> None:
         """Allocate ``R`` (K × K) and the per-task curves at their final shapes, NaN-filled."""
         if stage != "fit":
             return
-        dm = trainer.datamodule
+        require_contract(trainer, pl_module, type(self).__name__)
+        dm: EpisodeSource = trainer.datamodule
         self.probe_tasks = list(dm.probe_tasks)
         k, t = len(self.probe_tasks), dm.num_tasks
         self.matrix = torch.full((k, k), math.nan, dtype=torch.float64)
@@ -187,14 +191,14 @@ class ForgettingMonitor(Callback):
         for name in ("matrix", "baseline", "forward", "backward"):
             setattr(self, name, state_dict[name].clone().to(torch.float64))
 
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_fit_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Score the learner at initialisation on every probe task (once; not on resume)."""
         self._fit_start, self._plot_seconds = time.monotonic(), 0.0
         if not self.measure_baseline or trainer.ckpt_path is not None or not self.probe_tasks:
             return
         if not bool(self.baseline.isnan().all()):
             return
-        dm = trainer.datamodule
+        dm: EpisodeSource = trainer.datamodule
         with evaluation_mode(pl_module):
             for j, task in enumerate(self.probe_tasks):
                 cx, cy, qx, qy = probe_episode(trainer, pl_module, task, dm.eval_queries)
@@ -215,19 +219,23 @@ class ForgettingMonitor(Callback):
             out["forgetting/fwt"] = forward_transfer(r, self.baseline.numpy(), row_tasks, tasks, lower_is_better)
         return out
 
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Collect this task's forward/backward scores and, after a probe task, its row of ``R``; log."""
         if trainer.sanity_checking or not self.forward.numel():
             return
         task, m, logged = trainer.current_epoch, pl_module.metric_name, trainer.callback_metrics
-        for curve, name in ((self.forward, f"eval/forward_{m}"), (self.backward, f"eval/backward_{m}")):
+        curves = (
+            (self.forward, metric_key(EvalSlot("forward"), m)),
+            (self.backward, metric_key(EvalSlot("backward"), m)),
+        )
+        for curve, name in curves:
             if name in logged and task < curve.numel():
                 curve[task] = float(logged[name])
         if task not in self.probe_tasks:
             return
         row = self.probe_tasks.index(task)
         for j, probe in enumerate(self.probe_tasks):
-            value = logged.get(f"eval/{m}_matrix/task_{probe}")
+            value = logged.get(metric_key(EvalSlot("matrix", probe), m))
             self.matrix[row, j] = math.nan if value is None else float(value)
         for name, value in self.metrics(row + 1, pl_module.task_type == "regression").items():
             if not math.isnan(value):

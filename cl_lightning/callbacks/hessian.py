@@ -7,9 +7,10 @@ wrapper module (:func:`cl_lightning.metrics.flat_loss`): nothing touches ``.grad
 
 Two methods (``method``):
 
-- ``"exact"`` (default; the paper): the dense Hessian of one block, by default the last ``nn.Linear`` (weight and
-  bias, as the paper's fc11 of QOA and output layer of BP), from vmapped forward-over-reverse HVPs on the identity
-  columns (``torch.func.jvp`` of ``torch.func.grad``), eigenvalues by float64 ``eigvalsh``. P up to a few thousand.
+- ``"exact"`` (default; the paper): the dense Hessian of one block, by default the learner's ``output_layer()``
+  (weight and bias, as the paper's fc11 of QOA and output layer of BP), from vmapped forward-over-reverse HVPs on
+  the identity columns (``torch.func.jvp`` of ``torch.func.grad``), eigenvalues by float64 ``eigvalsh``. P up to a
+  few thousand.
 - ``"lanczos"``: the whole network (any P): the top eigenvalues by SciPy's ``eigsh`` (ARPACK implicitly restarted
   Lanczos on a ``LinearOperator`` of HVPs) and the effective rank and trace by stochastic Lanczos quadrature
   (:mod:`cl_lightning.metrics.slq`, hand-written: SLQ needs only short seeded Lanczos runs, and
@@ -21,11 +22,12 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
-from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode
+from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
+from cl_lightning.contract import ObservedLearner
 from cl_lightning.metrics import (
     exact_eigvals,
     flat_loss,
@@ -43,7 +45,7 @@ class _Episode(nn.Module):
     learner's parameters (prefixed ``learner.``) while the learner answers an episode.
     """
 
-    def __init__(self, learner: LightningModule) -> None:
+    def __init__(self, learner: ObservedLearner) -> None:
         super().__init__()
         self.learner = learner
 
@@ -52,13 +54,13 @@ class _Episode(nn.Module):
         return self.learner.predict_episode(*episode)
 
 
-def last_linear_block(module: nn.Module) -> list[str]:
-    """Parameter names of the last ``nn.Linear`` registered in ``module`` (its output layer, as the paper)."""
-    linears = [name for name, m in module.named_modules() if isinstance(m, nn.Linear)]
-    if not linears:
+def output_layer_block(learner: ObservedLearner) -> list[str]:
+    """Parameter names (in ``learner.named_parameters()``) of ``learner.output_layer()``; empty without one."""
+    layer = learner.output_layer()
+    if layer is None:
         return []
-    prefix = f"{linears[-1]}." if linears[-1] else ""
-    return [name for name, _ in module.named_parameters() if name.startswith(prefix) and "." not in name[len(prefix) :]]
+    own = {id(p) for p in layer.parameters()}
+    return [name for name, p in learner.named_parameters() if id(p) in own]
 
 
 class HessianMonitor(Callback):
@@ -92,8 +94,8 @@ class HessianMonitor(Callback):
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).
         every_n_tasks: Measure after every n-th task (task 0 included).
         num_queries: Held-out queries of the current task in the loss (paper: 100 for QOA, 2,000 for BP).
-        parameters: Names (``named_parameters``) of the block; None: the last ``nn.Linear`` for ``"exact"``, every
-            trainable parameter for ``"lanczos"``.
+        parameters: Names (``named_parameters``) of the block; None: the learner's ``output_layer()`` for
+            ``"exact"``, every trainable parameter for ``"lanczos"``.
         jitter: Added to every eigenvalue before the entropy (paper code: 1e-6).
         clamp: Lower bound of the shifted eigenvalues (paper code: 1e-12); None: their absolute value.
         srank_delta: δ of srank on |λ|.
@@ -129,15 +131,19 @@ class HessianMonitor(Callback):
         self._skip = False
         self.tol, self.top_k, self.num_probes, self.num_steps, self.seed = tol, top_k, num_probes, num_steps, seed
 
-    def block(self, pl_module: LightningModule) -> list[str]:
+    def setup(self, trainer: Trainer, pl_module: ObservedLearner, stage: str) -> None:
+        """Check that the learner and the data module offer what the monitor calls."""
+        require_contract(trainer, pl_module, type(self).__name__)
+
+    def block(self, pl_module: ObservedLearner) -> list[str]:
         """The parameter names differentiated."""
         if self.parameters is not None:
             return list(self.parameters)
         if self.method == "exact":
-            return last_linear_block(pl_module)
+            return output_layer_block(pl_module)
         return [name for name, p in pl_module.named_parameters() if p.requires_grad]
 
-    def measure(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+    def measure(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
         """The Hessian scalars on one episode, by logged name."""
         cx, cy, qx, qy = episode
         names = [f"learner.{n}" for n in self.block(pl_module)]
@@ -164,13 +170,13 @@ class HessianMonitor(Callback):
             "hessian/lanczos/num_params": torch.tensor(float(n)),
         }
 
-    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """After every n-th task: measure on the current task's held-out queries and log."""
         task = trainer.current_epoch
         if task % self.every_n_tasks or self._skip:
             return
         if not self.block(pl_module):
-            self._give_up("the learner has no parameter block to differentiate (no nn.Linear / parameters)")
+            self._give_up("the learner has no parameter block to differentiate (no output_layer() / parameters)")
             return
         episode = probe_episode(trainer, pl_module, task, self.num_queries)
         try:

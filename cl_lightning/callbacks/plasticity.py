@@ -13,10 +13,11 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from cl_lightning.contract import EpisodeSource, ObservedLearner, require
 from cl_lightning.metrics import (
     dead_unit_fraction,
     dormant_unit_fraction,
@@ -39,15 +40,20 @@ def evaluation_mode(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
-def probe_episode(trainer: Trainer, pl_module: LightningModule, task: int, num_queries: int | None) -> list[Tensor]:
+def probe_episode(trainer: Trainer, pl_module: ObservedLearner, task: int, num_queries: int | None) -> list[Tensor]:
     """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode, on the learner's device.
 
     The context is the data module's (the first ``context_size`` training examples of the task, what a support-set
     learner answers from); the queries are the first ``num_queries`` held-out ones, never trained on.
     """
-    dm = trainer.datamodule
-    episode = dm.stream.episode(task, dm.context_size, num_queries)
-    return [t.to(pl_module.device) for t in episode]
+    source: EpisodeSource = trainer.datamodule
+    return [t.to(pl_module.device) for t in source.episode(task, num_queries)]
+
+
+def require_contract(trainer: Trainer, pl_module: ObservedLearner, who: str) -> None:
+    """Raise a clear ``TypeError`` when the learner or the data module lacks what a monitor calls."""
+    require(pl_module, ObservedLearner, who)
+    require(trainer.datamodule, EpisodeSource, who)
 
 
 def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
@@ -139,7 +145,7 @@ class PlasticityMonitor(Callback):
         self.dormant_tau, self.srank_delta, self.activation = dormant_tau, srank_delta, activation
         self._warned = False
 
-    def features(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+    def features(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
         """Each probed layer's features on one ``predict_episode`` pass: ``{name: (rows, units)}``.
 
         Rows are subsampled as they stream out of each layer (:class:`StridedRows`), so a pair scorer's 500,000
@@ -167,7 +173,7 @@ class PlasticityMonitor(Callback):
             feats[name] = rows.relu() if self.activation == "relu" else rows
         return feats
 
-    def measure(self, pl_module: LightningModule, episode: list[Tensor]) -> dict[str, Tensor]:
+    def measure(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
         """All plasticity scalars of one probe pass, by logged name."""
         out: dict[str, Tensor] = {}
         weights = [p for p in pl_module.parameters() if p.ndim >= 2]
@@ -190,7 +196,11 @@ class PlasticityMonitor(Callback):
         out["plasticity/dead_frac"], out["plasticity/dormant_frac"] = dead / units, dormant / units
         return out
 
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+    def setup(self, trainer: Trainer, pl_module: ObservedLearner, stage: str) -> None:
+        """Check that the learner and the data module offer what the monitor calls."""
+        require_contract(trainer, pl_module, type(self).__name__)
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """At the start of every n-th task: probe the current task and log."""
         task = trainer.current_epoch
         if task % self.every_n_tasks:

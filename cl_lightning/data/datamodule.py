@@ -1,7 +1,13 @@
 """The one data module: serves task ``t`` as epoch ``t`` and builds the evaluation episodes (docs/protocol.md §2–3).
 
 Training: epoch ``t`` is task ``t``'s training portion in arrival order, one chunk per batch, each example once.
-Under DDP every chunk is split across ranks (rank r takes examples r, r + W, …). Evaluation after task ``t``:
+Under DDP every chunk is split across the W ranks in equal shares: rank r takes examples r, r + W, … of the chunk's
+first ``W · ⌊B / W⌋`` (the last ``B mod W`` examples of a chunk, fewer than W, are dropped, as
+``DistributedSampler(drop_last=True)`` does). Equal shares keep the ranks in lockstep: every rank's replay buffer
+holds as many examples as every other's, so a learner that waits for its memory to fill starts stepping on the
+same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients). Every rank
+evaluates every episode (the learner's scores are averaged over the ranks), so every rank logs the same keys.
+Evaluation after task ``t``:
 
 - **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
 - **backward**: the episode of task ``t − backward_lag`` (with several lags, the mean over them: the paper uses
@@ -12,13 +18,14 @@ Under DDP every chunk is split across ranks (rank r takes examples r, r + W, …
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
-from cl_lightning.data.stream import StreamBatch, TaskStream
+from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch
+from cl_lightning.data.stream import TaskStream
 
 
 class ChunkDataset(IterableDataset):
@@ -31,29 +38,35 @@ class ChunkDataset(IterableDataset):
         """Chunks per task."""
         return self.stream.num_chunks
 
-    def __iter__(self):
-        """Yield ``StreamBatch`` chunks."""
+    def __iter__(self) -> Iterator[StreamBatch]:
+        """Yield ``StreamBatch`` chunks, this rank's equal share of each."""
         for i in range(self.stream.num_chunks):
             x, y, t = self.stream.chunk(self.task, i)
-            sl = slice(self.rank, None, self.world_size)
+            end = x.shape[0] - x.shape[0] % self.world_size  # equal shares: drop the last B mod W examples
+            sl = slice(self.rank, end, self.world_size)
             yield StreamBatch(x[sl], y[sl], t[sl])
 
 
-class EpisodeDataset(Dataset):
-    """One evaluation episode per item: ``(task, [metric names to log it under])``."""
+class EpisodeDataset(IterableDataset):
+    """The evaluation episodes, one per item: ``(task, slots its score is logged under)``.
 
-    def __init__(self, stream: TaskStream, items: list[tuple[int, list[str]]], context_size: int, queries: int | None):
+    Iterable, so Lightning does not shard it under DDP: every rank evaluates every episode and logs the same keys
+    (scores averaged over the ranks), never a key that only another rank has.
+    """
+
+    def __init__(
+        self, stream: TaskStream, items: list[tuple[int, list[EvalSlot]]], context_size: int, queries: int | None
+    ) -> None:
         self.stream, self.items, self.context_size, self.queries = stream, items, context_size, queries
 
     def __len__(self) -> int:
         """Number of episodes."""
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        """The episode tensors plus the task id and the names the learner logs its score under."""
-        task, names = self.items[i]
-        ep = self.stream.episode(task, self.context_size, self.queries)
-        return {**ep._asdict(), "task": torch.tensor(task), "log_names": names}
+    def __iter__(self) -> Iterator[EvalBatch]:
+        """The episodes, their tasks and the slots the learner logs their scores under."""
+        for task, slots in self.items:
+            yield EvalBatch(self.stream.episode(task, self.context_size, self.queries), task, tuple(slots))
 
 
 def _identity(item: Any) -> Any:
@@ -119,9 +132,17 @@ class StreamDataModule(LightningDataModule):
         self.stream.prepare()
 
     def setup(self, stage: str) -> None:
-        """Check that the Trainer runs one epoch per task and rebuilds the loaders every epoch."""
+        """Check that the Trainer runs one epoch per task, rebuilds the loaders every epoch, and that every rank gets
+        a share of every chunk."""
         trainer = self.trainer
-        if stage != "fit" or trainer is None or trainer.fast_dev_run:
+        if stage != "fit" or trainer is None:
+            return
+        if self.stream.chunk_size < trainer.world_size:
+            raise ValueError(
+                f"chunk_size {self.stream.chunk_size} cannot be split across {trainer.world_size} ranks: "
+                "use chunks of at least one example per rank, or fewer devices"
+            )
+        if trainer.fast_dev_run:
             return
         if trainer.reload_dataloaders_every_n_epochs != 1:
             raise ValueError("set trainer.reload_dataloaders_every_n_epochs: 1 (each epoch serves a new task)")
@@ -142,18 +163,34 @@ class StreamDataModule(LightningDataModule):
         dataset = ChunkDataset(self.stream, self._task(), rank, world)
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
-    def eval_items(self, task: int) -> list[tuple[int, list[str]]]:
-        """The episodes evaluated after training on ``task`` and the names each score is logged under."""
-        items: dict[int, list[str]] = {task: ["forward_{m}"]}
+    def episode(self, task: int, num_queries: int | None = None) -> Episode:
+        """``task``'s evaluation episode: the first ``context_size`` training examples as context and the first
+        ``num_queries`` held-out queries (all with ``None``), on the CPU."""
+        return self.stream.episode(task, self.context_size, num_queries)
+
+    def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
+        """``task``'s whole training portion in arrival order, chunk by chunk, cut after ``max_examples`` (every
+        rank sees all of it: a task-aware learner such as EWC computes the same statistics on every rank)."""
+        budget = self.stream.train_size if max_examples is None else max_examples
+        for i in range(self.stream.num_chunks):
+            if budget <= 0:
+                return
+            x, y, t = self.stream.chunk(task, i)
+            yield StreamBatch(x[:budget], y[:budget], t[:budget])
+            budget -= x.shape[0]
+
+    def eval_items(self, task: int) -> list[tuple[int, list[EvalSlot]]]:
+        """The episodes evaluated after training on ``task`` and the slots each score is logged under."""
+        items: dict[int, list[EvalSlot]] = {task: [EvalSlot("forward")]}
         for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
             if task >= lag:
-                items.setdefault(task - lag, []).append("backward_{m}")
+                items.setdefault(task - lag, []).append(EvalSlot("backward"))
         if task in self.probe_tasks:
             for j in self.probe_tasks:
-                items.setdefault(j, []).append(f"{{m}}_matrix/task_{j}")
+                items.setdefault(j, []).append(EvalSlot("matrix", j))
         return sorted(items.items())
 
-    def _episodes(self, items: list[tuple[int, list[str]]]) -> DataLoader:
+    def _episodes(self, items: list[tuple[int, list[EvalSlot]]]) -> DataLoader:
         dataset = EpisodeDataset(self.stream, items, self.context_size, self.eval_queries)
         return DataLoader(dataset, batch_size=None, collate_fn=_identity)
 
@@ -164,4 +201,4 @@ class StreamDataModule(LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         """Every probe task's episode (the last row of the accuracy matrix), or the last task's."""
         tasks = self.probe_tasks or [self.num_tasks - 1]
-        return self._episodes([(j, [f"{{m}}/task_{j}"]) for j in tasks])
+        return self._episodes([(j, [EvalSlot("final", j)]) for j in tasks])

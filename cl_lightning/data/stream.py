@@ -10,20 +10,12 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-TaskType = Literal["classification", "regression"]
-
-
-class StreamBatch(NamedTuple):
-    """One chunk of the stream: ``x (B, *input_shape)``, ``y`` ((B,) long or (B, k) float), ``task_id (B,)``."""
-
-    x: Tensor
-    y: Tensor
-    task_id: Tensor
+from cl_lightning.contract import Episode, StreamBatch, TaskType
 
 
 class TaskData(NamedTuple):
@@ -31,15 +23,6 @@ class TaskData(NamedTuple):
 
     train_x: Tensor
     train_y: Tensor
-    query_x: Tensor
-    query_y: Tensor
-
-
-class Episode(NamedTuple):
-    """An evaluation episode: a labelled context from the task's training portion and held-out queries."""
-
-    context_x: Tensor
-    context_y: Tensor
     query_x: Tensor
     query_y: Tensor
 

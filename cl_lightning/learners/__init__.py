@@ -9,6 +9,7 @@ from cl_lightning.learners.knn import KNN
 from cl_lightning.learners.maml_replay import MAMLReplay
 from cl_lightning.learners.parametric_attention import ParametricAttention
 from cl_lightning.learners.query_only_attention import QueryOnlyAttention
+from cl_lightning.learners.replay import ReplayLearner
 
 __all__ = [
     "EWC",
@@ -20,4 +21,5 @@ __all__ = [
     "MAMLReplay",
     "ParametricAttention",
     "QueryOnlyAttention",
+    "ReplayLearner",
 ]

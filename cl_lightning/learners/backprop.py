@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Literal
 
 from lightning.pytorch.cli import OptimizerCallable
-from torch import Tensor
+from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
 
@@ -65,3 +65,7 @@ class Backprop(ContinualLearner):
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """The network's predictions on the queries (Backprop has no use for the context)."""
         return self.predict(query_x)
+
+    def output_layer(self) -> nn.Module:
+        """The MLP's output layer."""
+        return self.net.layers[-1]

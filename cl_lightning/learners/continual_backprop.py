@@ -14,8 +14,9 @@ Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path
 AdamGnT and leaves SGD's alone (the reference's two options); any other optimiser, whose per-unit state would go
 stale silently, is refused in ``configure_optimizers``.
 
-DDP: each rank tests units on its own share of the chunk, so utilities would drift apart across ranks; runs that
-use this learner should stay on one device until the feature statistics are all-reduced.
+DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
+examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the
+ranks' weights stay equal (tested in ``tests/test_ddp.py``).
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.data.stream import StreamBatch
+from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.learners.base import TaskType
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
 from cl_lightning.nn.mlp import InitName
@@ -113,7 +113,10 @@ class ContinualBackprop(Backprop):
     def on_train_batch_end(self, outputs: dict[str, Any], batch: StreamBatch, batch_idx: int) -> None:
         """Generate-and-test after the optimiser step (``ContinualBackprop.learn``)."""
         optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
-        self.gnt.step(list(self.net.layers), outputs["features"], optimizer, self.step_generator())
+        features = outputs["features"]
+        if self.trainer.world_size > 1:  # DDP: every rank tests the whole chunk, so all replace the same units
+            features = [self.all_gather(h).flatten(0, 1) for h in features]  # (W, B, H) -> (W·B, H)
+        self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
 
     def on_train_epoch_end(self) -> None:
         """Log how many units have been replaced so far (all layers)."""

@@ -11,7 +11,10 @@ and training minimises
 with λ = 1e5 and K = 5 (the paper's Split Tiny ImageNet setting; it ran EWC on no other benchmark). Other
 "EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): docs/baselines.md §3.
 
-DDP: every rank computes the same Fisher from the whole task (the stream regenerates it), so penalties agree.
+Task-aware means it reads the finished task's data: from the data module, through
+:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals.
+
+DDP: every rank computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.data.stream import StreamBatch, TaskStream
+from cl_lightning.contract import EpisodeSource, StreamBatch, TaskType, require
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.learners.base import TaskType, adam_1e4
+from cl_lightning.learners.base import adam_1e4
 from cl_lightning.nn.mlp import InitName
 
 
@@ -104,21 +107,14 @@ class EWC(Backprop):
         self.anchors[slot] = torch.cat([p.detach().flatten() for p in weights])
         self.tasks_consolidated += 1
 
-    def _task_batches(self, stream: TaskStream, task: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """The task's training chunks in arrival order, cut at ``fisher_samples`` examples."""
-        budget = stream.train_size if self.fisher_samples is None else self.fisher_samples
-        for i in range(stream.num_chunks):
-            if budget <= 0:
-                return
-            x, y, _ = stream.chunk(task, i)
-            x, y = x[:budget].to(self.device), y[:budget].to(self.device)
-            budget -= x.shape[0]
-            yield x, y
+    def fisher_batches(self, source: EpisodeSource, task: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """``task``'s training chunks in arrival order, cut at ``fisher_samples`` examples, on the learner's device."""
+        for x, y, _ in source.task_batches(task, self.fisher_samples):
+            yield x.to(self.device), y.to(self.device)
 
     def on_train_epoch_end(self) -> None:
         """At the task's end (one epoch = one task): Fisher and anchor of the finished task."""
         super().on_train_epoch_end()
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is None or not hasattr(datamodule, "stream"):
-            raise RuntimeError("EWC is task-aware: fit it with a StreamDataModule, whose stream gives each task's data")
-        self.consolidate(self._task_batches(datamodule.stream, self.trainer.current_epoch))
+        source = getattr(self.trainer, "datamodule", None)
+        require(source, EpisodeSource, "EWC (task-aware: it reads each finished task's data)")
+        self.consolidate(self.fisher_batches(source, self.trainer.current_epoch))

@@ -15,16 +15,14 @@ before it the supports, 10 layers of width 49 + 10 = 59, Adam lr 5e-4. Evaluatio
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType
-from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.transformer import TinyTransformer
 
@@ -34,7 +32,7 @@ def adam_5e4(params: object) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=5e-4)
 
 
-class FullAttention(ContinualLearner):
+class FullAttention(ReplayLearner):
     """An in-context transformer over ``[x, label]`` tokens from a replay buffer.
 
     Args:
@@ -76,26 +74,19 @@ class FullAttention(ContinualLearner):
         optimizer: OptimizerCallable = adam_5e4,
         seed: int = 0,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        super().__init__(
+            input_shape, num_outputs, task_type, memory_size, "fifo", support_size, online_queries, optimizer, seed
+        )
         self.save_hyperparameters()
-        if (
-            support_size < 1
-            or queries_per_step < 1
-            or online_queries < 0
-            or (admit_last is not None and admit_last < 1)
-        ):
-            raise ValueError("support_size, queries_per_step and admit_last must be >= 1 and online_queries >= 0")
+        if queries_per_step < 1 or (admit_last is not None and admit_last < 1):
+            raise ValueError("queries_per_step and admit_last must be >= 1")
         if support_size + queries_per_step > memory_size:
             raise ValueError(f"support_size {support_size} + queries_per_step must fit in memory_size {memory_size}")
-        self.support_size, self.queries_per_step, self.admit_last = support_size, queries_per_step, admit_last
-        self.isolate_queries, self.online_queries = isolate_queries, online_queries
-        classification = task_type == "classification"
+        self.queries_per_step, self.admit_last, self.isolate_queries = queries_per_step, admit_last, isolate_queries
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.embed = nn.Identity() if embed_dim is None else nn.Linear(features, embed_dim)
         width = (features if embed_dim is None else embed_dim) + num_outputs
         self.transformer = TinyTransformer(width, num_layers)
-        y_shape, y_dtype = ((), torch.long) if classification else ((num_outputs,), torch.float32)
-        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, "fifo", y_dtype)
 
     def tokens(self, x: Tensor, y: Tensor | None = None) -> Tensor:
         """``[features(x), label slot]`` tokens ``(N, F + C)``; the slot is ``onehot(y)``, ``y`` or zeros (query)."""
@@ -119,28 +110,31 @@ class FullAttention(ContinualLearner):
             z = self.transformer(seqs, fast=fast)[:, -1]  # (Q, D)
         return z[:, -self.num_outputs :]
 
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """:meth:`attend` (the replay learners' common name)."""
+        return self.attend(query_x, support_x, support_y)
+
+    def output_layer(self) -> nn.Module:
+        """The last layer's value projection: what its attention adds to the query token's label slot."""
+        return self.transformer.v[-1]
+
+    @property
+    def ready_size(self) -> int:
+        """One support set plus the step's queries."""
+        return self.support_size + self.queries_per_step
+
     def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk's tail, learn on the newest example(s)."""
         x, y, task_id = batch
         x = x.flatten(1)
-        if self.online_queries and len(self.buffer) >= self.support_size:
-            with torch.no_grad():
-                sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
-                k = min(self.online_queries, x.shape[0])
-                self.log_online(self.attend(x[:k], sx, sy), y[:k])
+        self.log_online_from_memory(x, y)
         tail = slice(-self.admit_last if self.admit_last is not None else None, None)
         self.buffer.add(x[tail], y[tail], task_id[tail])
-        if len(self.buffer) < self.support_size + self.queries_per_step:
+        if not self.ready():
             return None
         idx = self.buffer.newest(self.support_size + self.queries_per_step)  # supports, then the newest as queries
         (sx, sy), (qx, qy) = self.buffer.get(idx[: self.support_size]), self.buffer.get(idx[self.support_size :])
         loss = self.loss(self.attend(qx, sx, sy), qy)
+        self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])
-        return loss
-
-    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
-        """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""
-        if context_x.shape[0] == 0:
-            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
-        n = self.support_size
-        return self.attend(query_x.flatten(1), context_x[:n].flatten(1), context_y[:n])
+        return loss.detach()

@@ -11,15 +11,13 @@ only fills a FIFO (or reservoir) buffer, which is the support set when an episod
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType
-from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.replay import ReplayLearner
 
 
 def knn_predict(
@@ -43,7 +41,7 @@ def knn_predict(
     return (log_w.softmax(-1)[..., None] * values).sum(1)  # (Q, C)
 
 
-class KNN(ContinualLearner):
+class KNN(ReplayLearner):
     """Distance-weighted kNN with no parameters; the episode's context (or the buffer) is the support set.
 
     Args:
@@ -74,22 +72,36 @@ class KNN(ContinualLearner):
         online_queries: int = 400,
         seed: int = 0,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, seed=seed)
+        super().__init__(
+            input_shape, num_outputs, task_type, memory_size, buffer_mode, support_size, online_queries, seed=seed
+        )
         self.save_hyperparameters()
-        if support_size < 1 or (k is not None and k < 1) or bandwidth <= 0 or online_queries < 0:
-            raise ValueError("support_size and k must be >= 1, bandwidth > 0 and online_queries >= 0")
-        if support_size > memory_size:
-            raise ValueError(f"support_size {support_size} is larger than memory_size {memory_size}")
-        self.support_size, self.k, self.weighting, self.bandwidth = support_size, k, weighting, bandwidth
-        self.online_queries = online_queries
-        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
-        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
+        if (k is not None and k < 1) or bandwidth <= 0:
+            raise ValueError("k must be >= 1 (or null) and bandwidth > 0")
+        self.k, self.weighting, self.bandwidth = k, weighting, bandwidth
+        # Never steps, so nothing to skip: Lightning's automatic loop counts every chunk as a step (global_step), which
+        # is what checkpoint callbacks key on; under manual optimisation a learner without steps is never saved.
+        self.automatic_optimization = True
 
     def configure_optimizers(self) -> None:
         """Nothing to optimise: Lightning still runs every epoch and evaluation (checked in the tests)."""
         return
 
-    def neighbours(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+    def setup(self, stage: str) -> None:
+        """Refuse DDP with a clear message: torch's ``DistributedDataParallel`` wraps only modules with trainable
+        parameters, and kNN has none (it would only split each chunk between separate buffers)."""
+        if self.trainer.world_size > 1:
+            raise ValueError("KNN has no parameters to train across devices: run it with trainer.devices=1")
+
+    def online_ready(self) -> bool:
+        """kNN answers from any non-empty buffer."""
+        return len(self.buffer) > 0
+
+    def output_layer(self) -> None:
+        """kNN has no trained read-out."""
+        return
+
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Log class votes ``(Q, C)`` (classification) or weighted means ``(Q, k)`` (regression)."""
         query_x, support_x = query_x.flatten(1), support_x.flatten(1)
         classification = self.task_type == "classification"
@@ -101,14 +113,5 @@ class KNN(ContinualLearner):
         """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step."""
         x, y, task_id = batch
         x = x.flatten(1)
-        if self.online_queries and len(self.buffer) > 0:
-            sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
-            k = min(self.online_queries, x.shape[0])
-            self.log_online(self.neighbours(x[:k], sx, sy), y[:k])
+        self.log_online_from_memory(x, y)
         self.buffer.add(x, y, task_id, self.step_generator() if self.buffer.mode == "reservoir" else None)
-
-    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
-        """Weighted kNN over the first ``support_size`` context examples (or the newest stored ones)."""
-        if context_x.shape[0] == 0:
-            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
-        return self.neighbours(query_x, context_x[: self.support_size], context_y[: self.support_size])

@@ -10,14 +10,14 @@ support slice ``S_i`` and the query slice ``Q_i`` right after it. Per meta-updat
 Defaults follow the authors' Permuted-MNIST code, from which the figures came: MLP 49 → 100×4 → 10, buffer 60,000
 (paper text: 50,000), T = 5 pseudo-tasks of 10 supports + 10 queries, α = 0.01, Adam 1e-4, each stream example
 admitted with probability 0.1 and, once the buffer is full, every admitted example triggering one meta-update.
-At evaluation the network adapts (5 steps) on the last ``support_size`` examples of the episode's context (the
-paper: the last 10 training examples of the task; our episodes hold the task's first ``context_size``) and
-predicts the queries. Adaptation is functional (``torch.func``), so evaluation never changes θ.
+At evaluation the network adapts (5 steps) on the first ``support_size`` examples of the episode's context, as
+every replay learner takes its support set (the paper adapts on the last 10 training examples of the task; our
+episodes hold the task's first ``context_size``, so neither end of them is the paper's set), and predicts the
+queries. Adaptation is functional (``torch.func``), so evaluation never changes θ.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
@@ -25,9 +25,9 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
-from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.base import adam_1e4
+from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import pseudo_task_sample
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
@@ -35,7 +35,7 @@ from cl_lightning.nn.mlp import MLP, InitName
 Params = dict[str, Tensor]
 
 
-class MAMLReplay(ContinualLearner):
+class MAMLReplay(ReplayLearner):
     """Second-order MAML over contiguous pseudo-tasks of a FIFO replay buffer (manual optimisation).
 
     Args:
@@ -86,26 +86,23 @@ class MAMLReplay(ContinualLearner):
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        super().__init__(
+            input_shape, num_outputs, task_type, memory_size, "fifo", support_size, online_queries, optimizer, seed
+        )
         self.save_hyperparameters()
-        self.automatic_optimization = False
-        if min(num_pseudo_tasks, support_size, query_size) < 1 or inner_steps < 0 or online_queries < 0:
-            raise ValueError(
-                "num_pseudo_tasks, support_size, query_size must be >= 1; inner_steps, online_queries >= 0"
-            )
+        if min(num_pseudo_tasks, query_size) < 1 or inner_steps < 0:
+            raise ValueError("num_pseudo_tasks and query_size must be >= 1 and inner_steps >= 0")
         if not (0 < admission_prob <= 1 and 0 < update_prob <= 1):
             raise ValueError("admission_prob and update_prob must lie in (0, 1]")
         if num_pseudo_tasks * (support_size + query_size) > memory_size:
             raise ValueError(f"{num_pseudo_tasks} pseudo-tasks of support + query slices exceed memory_size")
-        self.num_pseudo_tasks, self.support_size, self.query_size = num_pseudo_tasks, support_size, query_size
+        self.num_pseudo_tasks, self.query_size = num_pseudo_tasks, query_size
         self.inner_steps, self.inner_lr, self.first_order = inner_steps, inner_lr, first_order
         self.admission_prob, self.update_on, self.update_prob = admission_prob, update_on, update_prob
-        self.start_when_full, self.online_queries = start_when_full, online_queries
+        self.start_when_full = start_when_full
         hidden = [100, 100, 100, 100] if hidden_sizes is None else list(hidden_sizes)
         enc, features = make_encoder(encoder, self.input_shape)
         self.net = nn.Sequential(enc, MLP(features, num_outputs, hidden, init=init))
-        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
-        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, "fifo", y_dtype)
 
     def adapt(self, params: Params, x: Tensor, y: Tensor, second_order: bool = True) -> Params:
         """``inner_steps`` SGD steps on ``L(x, y)`` from ``params``; differentiable through them if ``second_order``."""
@@ -131,26 +128,28 @@ class MAMLReplay(ContinualLearner):
 
         return vmap(query_loss)(sx, sy, qx, qy).mean()
 
-    def _ready(self) -> bool:
-        needed = (
+    @property
+    def ready_size(self) -> int:
+        """A full buffer (the authors' code), or every pseudo-task's support and query slices."""
+        return (
             self.buffer.capacity
             if self.start_when_full
             else self.num_pseudo_tasks * (self.support_size + self.query_size)
         )
-        return len(self.buffer) >= needed
+
+    def output_layer(self) -> nn.Module:
+        """The MLP's output layer."""
+        return self.net[1].layers[-1]
 
     def _maybe_update(self, gen: torch.Generator) -> None:
-        if not self._ready() or (self.update_prob < 1 and float(torch.rand((), generator=gen)) >= self.update_prob):
+        if not self.ready() or (self.update_prob < 1 and float(torch.rand((), generator=gen)) >= self.update_prob):
             return
         q_idx, s_idx = pseudo_task_sample(
             len(self.buffer), self.num_pseudo_tasks, self.support_size, self.query_size, gen
         )
         (sx, sy), (qx, qy) = self.buffer.get(s_idx.to(self.device)), self.buffer.get(q_idx.to(self.device))
-        opt = self.optimizers()
-        opt.zero_grad()
         loss = self.meta_loss(sx, sy, qx, qy)
-        self.manual_backward(loss)
-        opt.step()
+        self.replay_step(loss)
         self.log_task_mean("train/loss", loss)
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
@@ -158,11 +157,7 @@ class MAMLReplay(ContinualLearner):
         x, y, task_id = batch
         x = x.flatten(1)
         gen = self.step_generator()
-        if self.online_queries and len(self.buffer) >= self.support_size:
-            with torch.no_grad():  # torch.func.grad still differentiates the inner loop
-                sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
-                k = min(self.online_queries, x.shape[0])
-                self.log_online(self.adapted_predict(sx, sy, x[:k]), y[:k])
+        self.log_online_from_memory(x, y)  # adapted_predict differentiates the inner loop even under no_grad
         admit = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).to(x.device)
         x, y, task_id = x[admit], y[admit], task_id[admit]
         if self.update_on == "chunk":
@@ -186,9 +181,6 @@ class MAMLReplay(ContinualLearner):
                 params = self.adapt(params, context_x.flatten(1), context_y, second_order=False)
             return functional_call(self.net, params, (query_x.flatten(1),)).detach()
 
-    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
-        """Adapt on the last ``support_size`` context examples (or the newest stored ones), predict the queries."""
-        if context_x.shape[0] == 0:
-            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
-        n = self.support_size
-        return self.adapted_predict(context_x[-n:], context_y[-n:], query_x)
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """:meth:`adapted_predict`: adapt on the supports, predict the queries."""
+        return self.adapted_predict(support_x, support_y, query_x)

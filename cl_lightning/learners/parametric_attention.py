@@ -47,8 +47,8 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP
 from cl_lightning.ops import (
@@ -389,6 +389,11 @@ class ParametricAttention(ContinualLearner):
     def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
         """The live reading (the live state, no writes), logged under ``*_live_*``."""
         return {"live": self.read(self.live_state(), self.encode(query_x).keys)}
+
+    def output_layer(self) -> nn.Module:
+        """The last trained layer on the read-out path (β and the gates only shape the writes): the key (= query)
+        projection of τ · Sᵀ φ(W_k h), or for ``ttt_linear`` the value embedding its reading is mapped back through."""
+        return self.value_embed if self.rule == "ttt_linear" else self.key_proj
 
     def probe_layers(self) -> dict[str, nn.Module]:
         """The encoder MLP's layers (their ReLU outputs are the hidden features; keys, β and gates are heads)."""

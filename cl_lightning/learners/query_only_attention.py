@@ -14,16 +14,15 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.data.stream import StreamBatch
-from cl_lightning.learners.base import ContinualLearner, TaskType, adam_1e4
-from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.learners.base import adam_1e4
+from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.distributed import answer_across_ranks
@@ -31,7 +30,7 @@ from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
 
-class QueryOnlyAttention(ContinualLearner):
+class QueryOnlyAttention(ReplayLearner):
     """Query-only attention over a replay buffer.
 
     Args:
@@ -83,25 +82,20 @@ class QueryOnlyAttention(ContinualLearner):
         seed: int = 0,
         eval_across_ranks: bool = False,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        super().__init__(
+            input_shape, num_outputs, task_type, memory_size, buffer_mode, support_size, online_queries, optimizer, seed
+        )
         self.save_hyperparameters()
-        if support_size < 1 or queries_per_step < 1 or online_queries < 0:
-            raise ValueError("support_size and queries_per_step must be >= 1 and online_queries >= 0")
+        if queries_per_step < 1:
+            raise ValueError("queries_per_step must be >= 1")
         if support_size + queries_per_step > memory_size:
             raise ValueError(f"support_size {support_size} + queries_per_step must fit in memory_size {memory_size}")
-        self.support_size, self.sampler, self.queries_per_step = support_size, sampler, queries_per_step
-        self.start_when_full, self.online_queries = start_when_full, online_queries
+        self.sampler, self.queries_per_step, self.start_when_full = sampler, queries_per_step, start_when_full
+        self.use_labels = use_labels and task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
-        classification = task_type == "classification"
-        self.use_labels = use_labels and classification
-        x_dim = math.prod(self.input_shape)
         self.encoder, features = make_encoder(encoder, self.input_shape)
-        y_shape, y_dtype = ((), torch.long) if classification else ((num_outputs,), torch.float32)
-        self.buffer = ReplayBuffer(memory_size, (x_dim,), y_shape, buffer_mode, y_dtype)
         labels = num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
-        # Manual optimisation: no step while the buffer fills (Lightning refuses a skipped step under DDP).
-        self.automatic_optimization = False
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Class logits ``(Q, C)`` (sum of raw scores per class) or regression values ``(Q, k)`` (softmax over S)."""
@@ -111,22 +105,27 @@ class QueryOnlyAttention(ContinualLearner):
             return scores @ nn.functional.one_hot(support_y, self.num_outputs).to(scores.dtype)  # (Q, C)
         return scores.softmax(-1) @ support_y.to(scores.dtype)  # (Q, k)
 
-    def _ready(self) -> bool:
-        needed = self.buffer.capacity if self.start_when_full else self.support_size + self.queries_per_step
-        return len(self.buffer) >= needed
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """:meth:`attend` (the replay learners' common name)."""
+        return self.attend(query_x, support_x, support_y)
+
+    def output_layer(self) -> nn.Module:
+        """The scorer's last layer (hidden → 1 score; the paper's fc11, whose Hessian it measures)."""
+        return self.scorer.out
+
+    @property
+    def ready_size(self) -> int:
+        """A full buffer (authors' code), or one support set plus the step's queries."""
+        return self.buffer.capacity if self.start_when_full else self.support_size + self.queries_per_step
 
     def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
-        if self.online_queries and len(self.buffer) >= self.support_size:
-            with torch.no_grad():  # the newest support_size stored examples are the support set
-                sx, sy = self.buffer.get(self.buffer.newest(self.support_size))
-                k = min(self.online_queries, x.shape[0])
-                self.log_online(self.attend(x[:k], sx, sy), y[:k])
+        self.log_online_from_memory(x, y)  # the newest support_size stored examples are the support set
         self.buffer.add(x, y, task_id, gen)
-        if not self._ready():
+        if not self.ready():
             return None
         labels = self.buffer.labels if self.task_type == "classification" else None  # the sampler reads one window
         q_idx, s_idx = sample_support(
@@ -134,10 +133,7 @@ class QueryOnlyAttention(ContinualLearner):
         )
         (qx, qy), (sx, sy) = self.buffer.get(q_idx.to(x.device)), self.buffer.get(s_idx.to(x.device))
         loss = self.loss(self.attend(qx, sx, sy), qy)
-        optimizer = self.optimizers()
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
+        self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
 
@@ -146,10 +142,9 @@ class QueryOnlyAttention(ContinualLearner):
         return prefer_fused(super().configure_optimizers())
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
-        """Attend from each query over the first ``support_size`` context examples (or the newest stored ones)."""
-        if context_x.shape[0] == 0:
-            context_x, context_y = self.buffer.get(self.buffer.newest(self.support_size))
-        sx, sy = context_x[: self.support_size].flatten(1), context_y[: self.support_size]
+        """Attend from each query over the episode's support set (:meth:`episode_support`); with
+        ``eval_across_ranks`` the queries are split across the DDP ranks and the answers gathered."""
+        sx, sy = self.episode_support(context_x, context_y)
         if self.eval_across_ranks:
             return answer_across_ranks(lambda q: self.attend(q, sx, sy), query_x.flatten(1), sx)
         return self.attend(query_x.flatten(1), sx, sy)

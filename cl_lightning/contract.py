@@ -1,0 +1,181 @@
+"""What crosses the package's parts: the stream's batch and episode types, the evaluation log keys, and what a
+callback may call on a learner or a data module.
+
+This module imports only ``torch`` and ``typing``: ``data/``, ``learners/`` and ``callbacks/`` all import it and it
+imports none of them, so the one-way import rules between the subpackages hold.
+
+- :class:`StreamBatch` is every training batch (one chunk of the stream); :class:`Episode` is what an evaluation
+  answers (a labelled context from the task's training portion and held-out queries).
+- :class:`EvalSlot` says why an episode is evaluated (forward, backward, a cell of the accuracy matrix, the final
+  test); :func:`metric_key` turns a slot into the name its score is logged under. The data module chooses the slots,
+  the learner logs under :func:`metric_key`, the monitors read with :func:`metric_key`: the key format lives here
+  only.
+- :class:`ObservedLearner` and :class:`EpisodeSource` are the surfaces callbacks use, so a callback is typed
+  against them and never against a concrete learner or the data module's internals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+TaskType = Literal["classification", "regression"]
+"""What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
+
+SlotRole = Literal["forward", "backward", "matrix", "final"]
+"""Why an episode is evaluated: see :func:`metric_key`."""
+
+
+class StreamBatch(NamedTuple):
+    """One chunk of the stream: ``x (B, *input_shape)``, ``y`` ((B,) long or (B, k) float), ``task_id (B,)``."""
+
+    x: Tensor
+    y: Tensor
+    task_id: Tensor
+
+
+class Episode(NamedTuple):
+    """An evaluation episode: a labelled context from the task's training portion and held-out queries."""
+
+    context_x: Tensor
+    context_y: Tensor
+    query_x: Tensor
+    query_y: Tensor
+
+
+class EvalSlot(NamedTuple):
+    """One reason to evaluate an episode: its ``role`` and, for ``"matrix"`` and ``"final"``, the probe task."""
+
+    role: SlotRole
+    task: int = -1
+
+
+class EvalBatch(NamedTuple):
+    """One evaluation item: the episode of ``task`` and every slot its score is logged under."""
+
+    episode: Episode
+    task: int
+    slots: tuple[EvalSlot, ...]
+
+
+def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
+    """The name an episode's score is logged under.
+
+    ``metric`` is ``"acc"`` or ``"mse"``; ``reading`` names a further reading of the same episode (parametric
+    attention's ``"live"``), which prefixes the metric (``forward_live_acc``).
+
+    - ``"forward"``: ``eval/forward_{m}`` (the current task, after training it);
+    - ``"backward"``: ``eval/backward_{m}`` (an earlier task; several lags log under one name and are averaged);
+    - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
+    - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream).
+
+    >>> metric_key(EvalSlot("matrix", 7), "acc", "live")
+    'eval/live_acc_matrix/task_7'
+    >>> metric_key(EvalSlot("forward"), "mse")
+    'eval/forward_mse'
+    """
+    m = metric if reading is None else f"{reading}_{metric}"
+    if slot.role == "forward":
+        return f"eval/forward_{m}"
+    if slot.role == "backward":
+        return f"eval/backward_{m}"
+    if slot.role == "matrix":
+        return f"eval/{m}_matrix/task_{slot.task}"
+    return f"test/{m}/task_{slot.task}"
+
+
+def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalSlot | None:
+    """The slot :func:`metric_key` made ``key`` from, or ``None`` (the inverse, for readers of logged runs).
+
+    >>> parse_metric_key("eval/acc_matrix/task_12", "acc")
+    EvalSlot(role='matrix', task=12)
+    >>> parse_metric_key("eval/forward_live_acc", "acc") is None
+    True
+    """
+    for role in ("forward", "backward"):
+        if key == metric_key(EvalSlot(role), metric, reading):
+            return EvalSlot(role)
+    for role in ("matrix", "final"):
+        head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
+        tail = key.removeprefix(head)
+        if tail != key and tail.isdigit():
+            return EvalSlot(role, int(tail))
+    return None
+
+
+@runtime_checkable
+class ObservedLearner(Protocol):
+    """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it).
+
+    Besides these, callbacks use the ``LightningModule`` members every learner has (``log``, ``parameters``,
+    ``named_parameters``, ``modules``, ``device``).
+    """
+
+    task_type: TaskType
+
+    @property
+    def metric_name(self) -> str:
+        """``"acc"`` or ``"mse"``."""
+        ...
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Predictions for ``query_x`` given a labelled context of the same task."""
+        ...
+
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor:
+        """The training loss of predictions (differentiated by the Hessian monitor)."""
+        ...
+
+    def score(self, pred: Tensor, y: Tensor) -> Tensor:
+        """Accuracy or MSE of predictions."""
+        ...
+
+    def probe_layers(self) -> dict[str, nn.Module]:
+        """The hidden layers whose outputs the plasticity monitor records, by name."""
+        ...
+
+    def output_layer(self) -> nn.Module | None:
+        """The read-out layer whose parameters the Hessian monitor differentiates by default (None: none)."""
+        ...
+
+    def context_memory_bytes(self) -> int:
+        """Bytes of the learner's context memory (replay buffer, fast-weight state)."""
+        ...
+
+
+@runtime_checkable
+class EpisodeSource(Protocol):
+    """What a callback or a task-aware learner may ask of the data module (the ``StreamDataModule`` has all of it)."""
+
+    num_tasks: int
+    probe_tasks: list[int]
+    eval_queries: int | None
+
+    def episode(self, task: int, num_queries: int | None = None) -> Episode:
+        """``task``'s evaluation episode with the data module's context size and the first ``num_queries`` queries."""
+        ...
+
+    def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
+        """``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
+        ...
+
+
+def require(obj: Any, protocol: type, who: str) -> None:
+    """Raise a ``TypeError`` naming what is missing when ``obj`` does not provide ``protocol``.
+
+    Args:
+        obj: The learner or data module handed to ``who``.
+        protocol: :class:`ObservedLearner` or :class:`EpisodeSource`.
+        who: The component that needs it (for the message).
+    """
+    if isinstance(obj, protocol):
+        return
+    missing = sorted(
+        name
+        for name in (*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_")))
+        if not hasattr(obj, name)
+    )
+    lacks = ", ".join(missing) or "?"
+    raise TypeError(f"{who} needs the {protocol.__name__} interface; {type(obj).__name__} lacks {lacks}")

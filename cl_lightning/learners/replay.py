@@ -1,0 +1,115 @@
+"""The base of the learners whose memory is a replay buffer (kNN, query-only attention, full attention, MAML).
+
+What they share: a buffer of the stream's examples (inputs stored flat, labels or regression targets), an online
+metric predicted from the newest stored examples before the chunk is stored, episodes answered from the first
+``support_size`` context examples (or, with no context, the newest stored ones), and one rule for steps while the
+memory fills: no step at all. The rule is DDP-safe because the learners optimise manually (Lightning refuses a
+skipped automatic step under DDP) and because every rank skips the same chunks: the data module gives every rank an
+equal share of every chunk, so every rank's buffer holds the same number of examples and every rank's readiness,
+drawn from the same ``(seed, step)`` generators, flips on the same chunk. A rank never calls backward alone.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import Literal
+
+import torch
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor
+
+from cl_lightning.contract import TaskType
+from cl_lightning.learners.base import ContinualLearner, adam_1e4
+from cl_lightning.memory.replay_buffer import ReplayBuffer
+
+
+class ReplayLearner(ContinualLearner):
+    """A learner answering from a support set drawn from its replay buffer (manual optimisation).
+
+    Subclasses implement :meth:`predict_support` (predictions for queries given a support set), ``training_step``
+    (usually :meth:`log_online_from_memory`, ``self.buffer.add``, then :meth:`replay_step` once :meth:`ready`) and
+    :meth:`output_layer`; learners that step override :attr:`ready_size`.
+
+    Args:
+        input_shape: Shape of one input (linked from the data module).
+        num_outputs: Classes or regression targets (linked).
+        task_type: Linked from the data module.
+        memory_size: Buffer capacity.
+        buffer_mode: ``"fifo"`` or ``"reservoir"``.
+        support_size: Supports per prediction: the first ``support_size`` context examples, or the newest stored.
+        online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
+        optimizer: Optimiser factory.
+        seed: Seed of the learner's draws; they depend on ``(seed, step)`` only.
+    """
+
+    def __init__(
+        self,
+        input_shape: tuple[int, ...] = (49,),
+        num_outputs: int = 10,
+        task_type: TaskType = "classification",
+        memory_size: int = 1000,
+        buffer_mode: Literal["fifo", "reservoir"] = "fifo",
+        support_size: int = 1000,
+        online_queries: int = 2,
+        optimizer: OptimizerCallable = adam_1e4,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        if support_size < 1 or online_queries < 0:
+            raise ValueError("support_size must be >= 1 and online_queries >= 0")
+        if support_size > memory_size:
+            raise ValueError(f"support_size {support_size} is larger than memory_size {memory_size}")
+        self.support_size, self.online_queries = support_size, online_queries
+        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
+        self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
+        self.automatic_optimization = False  # see the module docstring: skipped steps under DDP
+
+    @abstractmethod
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """Logits or values ``(Q, C)`` for flat queries ``(Q, D)`` given flat supports ``(S, D)`` and targets."""
+
+    @property
+    def ready_size(self) -> int:
+        """Examples the buffer must hold before the learner takes its first step (default: one support set)."""
+        return self.support_size
+
+    def ready(self) -> bool:
+        """Whether the buffer holds :attr:`ready_size` examples (the same answer on every DDP rank)."""
+        return len(self.buffer) >= self.ready_size
+
+    def online_ready(self) -> bool:
+        """Whether the buffer can answer the online metric: a full support set by default."""
+        return len(self.buffer) >= self.support_size
+
+    def memory_support(self) -> tuple[Tensor, Tensor]:
+        """The newest ``support_size`` stored examples (all of them if fewer are stored): ``(S, D)``, targets."""
+        return self.buffer.get(self.buffer.newest(self.support_size))
+
+    def log_online_from_memory(self, x: Tensor, y: Tensor) -> None:
+        """Predict the first ``online_queries`` incoming examples from :meth:`memory_support` and log the online
+        metric, before the chunk is stored (nothing is logged until :meth:`online_ready`)."""
+        if not self.online_queries or not self.online_ready():
+            return
+        with torch.no_grad():
+            sx, sy = self.memory_support()
+            k = min(self.online_queries, x.shape[0])
+            self.log_online(self.predict_support(x[:k], sx, sy), y[:k])
+
+    def replay_step(self, loss: Tensor) -> None:
+        """One optimiser step on ``loss``; called by every rank on the same chunks (see the module docstring)."""
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(loss)
+        optimizer.step()
+
+    def episode_support(self, context_x: Tensor, context_y: Tensor) -> tuple[Tensor, Tensor]:
+        """The support set of an episode: its first ``support_size`` context examples, flat, or with no context the
+        newest stored ones."""
+        if context_x.shape[0] == 0:
+            return self.memory_support()
+        return context_x[: self.support_size].flatten(1), context_y[: self.support_size]
+
+    def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
+        """Predict the queries from :meth:`episode_support`."""
+        return self.predict_support(query_x.flatten(1), *self.episode_support(context_x, context_y))
