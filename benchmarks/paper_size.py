@@ -42,6 +42,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
 from cl_lightning.cli import main
+from cl_lightning.contract import EvalBatch
 
 MONITORS = (ForgettingMonitor, PlasticityMonitor, HessianMonitor, CostMonitor)
 HOOKS = (
@@ -243,8 +244,8 @@ class PhaseTimer(Callback):
             trainer.should_stop = True
 
 
-def _is_probe(batch: dict[str, Any]) -> bool:
-    return any("matrix" in name for name in batch.get("log_names", []))
+def _is_probe(batch: EvalBatch) -> bool:
+    return any(slot.role == "matrix" for slot in batch.slots)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
