@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
+from helpers import CBP, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import ContinualBackprop
 from cl_lightning.nn import AdamGnT
@@ -20,14 +20,6 @@ def _one_thread():
 
 
 # replacement 0.05 × 32 units and maturity 5: a 48-step tiny run replaces dozens of units
-CBP = [
-    "--model=cl_lightning.learners.ContinualBackprop",
-    "--model.hidden_sizes=[32, 32]",
-    "--model.replacement_rate=0.05",
-    "--model.maturity_threshold=5",
-    "--model.optimizer=cl_lightning.nn.AdamGnT",
-    "--model.optimizer.lr=0.01",
-]
 
 
 def test_features_are_the_networks_hidden_activations() -> None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import EWC as EWC_ARGS
 from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -20,14 +21,7 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-EWC_TINY = [
-    "--model=cl_lightning.learners.EWC",
-    "--model.hidden_sizes=[32, 32]",
-    "--model.ewc_lambda=100.0",
-    "--model.num_penalties=2",
-    "--model.optimizer=torch.optim.Adam",
-    "--model.optimizer.lr=0.01",
-]
+EWC_TINY = EWC_ARGS
 
 
 def _theta(model: EWC) -> torch.Tensor:

@@ -4,20 +4,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
+from helpers import FULL_ATTENTION, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import FullAttention
 
-TINY = [
-    "--model=cl_lightning.learners.FullAttention",
-    "--model.memory_size=64",
-    "--model.support_size=48",
-    "--model.admit_last=null",
-    "--model.queries_per_step=16",
-    "--model.num_layers=2",
-    "--model.optimizer=torch.optim.Adam",
-    "--model.optimizer.lr=0.01",
-]
+TINY = FULL_ATTENTION
 
 
 def _model(isolate: str, task_type: str = "classification") -> FullAttention:

@@ -5,12 +5,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import KNN as KNN_ARGS
 from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import KNN
 from cl_lightning.learners.knn import knn_predict
 
-TINY = ["--model=cl_lightning.learners.KNN", "--model.memory_size=64", "--model.support_size=64", "--model.k=5"]
+TINY = KNN_ARGS
 
 
 def _brute_force(qx, sx, sy, k, weighting, h, eps=1e-8):

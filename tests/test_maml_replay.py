@@ -4,28 +4,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
+from helpers import MAML, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 from torch import nn
 
 from cl_lightning.learners import MAMLReplay
 from cl_lightning.memory.support_sampler import pseudo_task_sample
 
-TINY = [
-    "--model=cl_lightning.learners.MAMLReplay",
-    "--model.hidden_sizes=[32]",
-    "--model.memory_size=64",
-    "--model.num_pseudo_tasks=2",
-    "--model.support_size=8",
-    "--model.query_size=8",
-    "--model.inner_steps=2",
-    "--model.inner_lr=0.5",
-    "--model.admission_prob=1.0",
-    "--model.update_on=chunk",
-    "--model.optimizer=torch.optim.Adam",
-    "--model.optimizer.lr=0.003",
-    "--trainer.inference_mode=false",
-    "--data.stream.chunk_size=32",
-]
+TINY = MAML
 
 
 def _tiny_model(inner_steps: int = 2, first_order: bool = False) -> MAMLReplay:

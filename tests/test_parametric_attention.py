@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
+from helpers import PARAMETRIC, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 import cl_lightning.learners.parametric_attention as pa
 from cl_lightning.learners import ParametricAttention
@@ -25,14 +25,6 @@ RULES = [
 # the rules whose gradients are taken per mini-batch or window: one call per example matches one call per chunk only
 # with mini-batches / windows of one token (the ops tests check the chunked forms against their references)
 ONE_TOKEN = {"window": 1, "mini_batch_size": 1}
-PARAMETRIC = [
-    "--model=cl_lightning.learners.ParametricAttention",
-    "--model.rule=gated_delta_rule",
-    "--model.hidden_sizes=[32]",
-    "--model.key_dim=16",
-    "--model.optimizer=torch.optim.Adam",
-    "--model.optimizer.lr=0.003",
-]
 
 
 def _model(rule: str = "delta_rule", **kwargs) -> ParametricAttention:
