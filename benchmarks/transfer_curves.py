@@ -26,9 +26,11 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
 from cl_lightning.cli import main
+from cl_lightning.contract import EvalSlot, metric_key
 from cl_lightning.data import PermutedMNIST
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor, ModelCheckpoint)
+FORWARD, BACKWARD = metric_key(EvalSlot("forward"), "acc"), metric_key(EvalSlot("backward"), "acc")
 
 
 class TransferProbe(Callback):
@@ -66,8 +68,8 @@ class TransferProbe(Callback):
         row = {
             "task": task,
             "steps": (task + 1) * trainer.datamodule.stream.num_chunks,
-            "forward": float(metrics.get("eval/forward_acc", float("nan"))),
-            "backward": float(metrics.get("eval/backward_acc", float("nan"))),
+            "forward": float(metrics.get(FORWARD, float("nan"))),
+            "backward": float(metrics.get(BACKWARD, float("nan"))),
             "unseen": sum(accs) / len(accs),
             "seconds": time.perf_counter() - self.start,
         }
@@ -89,8 +91,8 @@ class TaskMetrics(Callback):
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Append this task's forward and backward accuracy (NaN before the lag is reached)."""
         metrics = trainer.callback_metrics
-        self.forward.append(float(metrics.get("eval/forward_acc", float("nan"))))
-        self.backward.append(float(metrics.get("eval/backward_acc", float("nan"))))
+        self.forward.append(float(metrics.get(FORWARD, float("nan"))))
+        self.backward.append(float(metrics.get(BACKWARD, float("nan"))))
 
 
 def run(

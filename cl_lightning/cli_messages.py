@@ -22,6 +22,8 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from cl_lightning.contract import split_metric_key
+
 DEBUG_HINT = "traceback: --debug"
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
 
@@ -203,11 +205,16 @@ def run_summary(trainer: Trainer, seconds: float) -> str:
     """Two lines: tasks done and the final scores; where the logs and the checkpoint are and how to continue."""
     done, total = trainer.current_epoch, trainer.max_epochs
     status = "stopped early" if trainer.interrupted else "finished"
+    metric = getattr(trainer.lightning_module, "metric_name", None)  # "acc" or "mse"
     scores = []
-    for name in ("eval/forward", "eval/backward", "forgetting/avg"):
+    for role in ("forward", "backward"):  # every reading of the last task's forward and backward score
         for key, value in sorted(trainer.callback_metrics.items()):
-            if key.startswith(name) and key.count("/") == name.count("/") and value.numel() == 1:
+            parsed = split_metric_key(key, metric) if metric else None
+            if parsed is not None and parsed[0].role == role and value.numel() == 1:
                 scores.append(f"{key} {float(value):.4g}")
+    avg = trainer.callback_metrics.get("forgetting/avg")
+    if avg is not None and avg.numel() == 1:
+        scores.append(f"forgetting/avg {float(avg):.4g}")
     minutes, secs = divmod(round(seconds), 60)
     line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s"
     line += f"; last task: {', '.join(scores)}.\n" if scores else ".\n"

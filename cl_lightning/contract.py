@@ -7,9 +7,10 @@ imports none of them, so the one-way import rules between the subpackages hold.
 - :class:`StreamBatch` is every training batch (one chunk of the stream); :class:`Episode` is what an evaluation
   answers (a labelled context from the task's training portion and held-out queries).
 - :class:`EvalSlot` says why an episode is evaluated (forward, backward, a cell of the accuracy matrix, the final
-  test); :func:`metric_key` turns a slot into the name its score is logged under. The data module chooses the slots,
-  the learner logs under :func:`metric_key`, the monitors read with :func:`metric_key`: the key format lives here
-  only.
+  test); :func:`metric_key` turns a slot into the name its score is logged under (:func:`parse_metric_key` and
+  :func:`split_metric_key` invert it), :func:`online_key` names the prequential score. The data module chooses the
+  slots, the learner logs under these names, the monitors, the run summary and the report read with them: the key
+  format lives here only.
 - :class:`ObservedLearner` and :class:`EpisodeSource` are the surfaces callbacks use, so a callback is typed
   against them and never against a concrete learner or the data module's internals.
 """
@@ -103,6 +104,41 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
         if tail != key and tail.isdigit():
             return EvalSlot(role, int(tail))
     return None
+
+
+def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | None:
+    """The slot and the reading :func:`metric_key` made ``key`` from, whatever the reading, or ``None``.
+
+    >>> split_metric_key("eval/forward_live_acc", "acc")
+    (EvalSlot(role='forward', task=-1), 'live')
+    >>> split_metric_key("eval/acc_matrix/task_3", "acc")
+    (EvalSlot(role='matrix', task=3), None)
+    """
+    slot = parse_metric_key(key, metric)
+    if slot is not None:
+        return slot, None
+    for role in ("forward", "backward", "matrix", "final"):
+        # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
+        head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
+        tail = tail[:-1] if role in ("matrix", "final") else tail  # the task's digits vary
+        rest = key.removeprefix(head)
+        cut = rest.rfind(tail)
+        if rest != key and cut > 0:
+            reading = rest[:cut]
+            slot = parse_metric_key(key, metric, reading)
+            if slot is not None:
+                return slot, reading
+    return None
+
+
+def online_key(metric: str) -> str:
+    """The name the prequential (online) score is logged under: ``train/online_{metric}``, the per-task mean of
+    the score of predictions made before learning from the chunk.
+
+    >>> online_key("mse")
+    'train/online_mse'
+    """
+    return f"train/online_{metric}"
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ import numpy as np
 import yaml
 
 from cl_lightning.callbacks.forgetting import window_means
-from cl_lightning.contract import EvalSlot, metric_key
+from cl_lightning.contract import EvalSlot, metric_key, online_key
 
 SCALARS = ("forward", "backward", "online")
 
@@ -175,8 +175,8 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
             logged = max(scalars.get("epoch", {0: 0}).values()) + 1
             num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged)
             if exp is None:
-                forward_acc = metric_key(EvalSlot("forward"), "acc")
-                metric = "acc" if forward_acc in scalars or "train/online_acc" in scalars else "mse"
+                logged_acc = metric_key(EvalSlot("forward"), "acc") in scalars or online_key("acc") in scalars
+                metric = "acc" if logged_acc else "mse"
                 stream = str(config.get("data", {}).get("stream", {}).get("class_path", "")).rsplit(".", 1)[-1]
                 label = (meta.get("labels") or {}).get(name, name)
                 published = (meta.get("published") or {}).get(name)
@@ -235,7 +235,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
         unfinished = int((~done).sum())
         row |= {"unfinished": unfinished, "tasks": exp.num_tasks, "final_window": final}
-        tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), f"train/online_{m}")
+        tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), online_key(m))
         for what, tag in zip(SCALARS, tags, strict=True):
             mean, std, _ = final_window(exp.rows(tag), final)
             row |= {f"{what}_mean": mean, f"{what}_std": std, f"{what}_paper": paper_text(entry.get(what))}

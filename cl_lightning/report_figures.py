@@ -7,7 +7,8 @@ its Figure 4 (Hessian effective rank, min–max normalised per seed) and one acc
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -15,10 +16,20 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from cl_lightning.callbacks.forgetting import accuracy_matrix_figure
-from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
+from cl_lightning.contract import EvalSlot, metric_key, online_key, parse_metric_key
 from cl_lightning.report import Experiment, minmax_per_seed, seed_band
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
+Panel = tuple[Callable[[str], str], str]
+"""A curve panel: the logged name of a metric's series (from :mod:`cl_lightning.contract`) and the title."""
+CURVES: dict[str, list[Panel]] = {
+    "forward_backward.png": [
+        (partial(metric_key, EvalSlot("forward")), "forward (current task)"),
+        (partial(metric_key, EvalSlot("backward")), "backward (past task)"),
+    ],
+    "online.png": [(online_key, "online (prequential)")],
+}
+"""The curve figures: file name and panels."""
 
 
 def _band(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, color: str) -> None:
@@ -43,16 +54,16 @@ def _colours(experiments: Sequence[Experiment]) -> dict[str, str]:
     return {exp.name: f"C{i % 10}" for i, exp in enumerate(experiments)}
 
 
-def curves_figure(experiments: Sequence[Experiment], panels: Sequence[tuple[str, str]]) -> Figure:
-    """One panel per ``(tag pattern, title)`` (``{m}`` = each experiment's metric), all experiments on each."""
+def curves_figure(experiments: Sequence[Experiment], panels: Sequence[Panel]) -> Figure:
+    """One panel per ``(key, title)``, all experiments on each: ``key(m)`` is the tag of an experiment's metric."""
     fig = Figure(figsize=(6.2 * len(panels), 4.2), dpi=110)
     fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     colours = _colours(experiments)
     metrics = {exp.metric for exp in experiments}
-    for ax, (pattern, title) in zip(axes, panels, strict=True):
+    for ax, (key, title) in zip(axes, panels, strict=True):
         for exp in experiments:
-            _band(ax, exp, exp.rows(pattern.format(m=exp.metric)), exp.window, colours[exp.name])
+            _band(ax, exp, exp.rows(key(exp.metric)), exp.window, colours[exp.name])
         ax.set_title(title)
         ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
         ax.set_xlabel("task")
@@ -112,13 +123,8 @@ def matrix_figure(exp: Experiment) -> Figure | None:
 
 def write_figures(experiments: Sequence[Experiment], out: Path) -> list[str]:
     """Draw every figure into ``out``; return the file names written."""
-    figures: dict[str, Figure | None] = {
-        "forward_backward.png": curves_figure(
-            experiments, [("eval/forward_{m}", "forward (current task)"), ("eval/backward_{m}", "backward (past task)")]
-        ),
-        "online.png": curves_figure(experiments, [("train/online_{m}", "online (prequential)")]),
-        "hessian_eff_rank.png": rank_figure(experiments),
-    }
+    figures: dict[str, Figure | None] = {name: curves_figure(experiments, panels) for name, panels in CURVES.items()}
+    figures["hessian_eff_rank.png"] = rank_figure(experiments)
     figures |= {f"matrix_{exp.name}.png": matrix_figure(exp) for exp in experiments}
     written = []
     for name, fig in figures.items():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,8 @@ def test_cli_fit_end_to_end(tmp_path: Path) -> None:
     assert "Tip:" not in out.stdout + out.stderr  # no advertisements
     summary = out.stdout.strip().splitlines()[-2:]  # the run's summary is the last thing printed
     assert summary[0].startswith("Run finished: 3/3 tasks")
+    scores = r"last task: eval/forward_acc [\d.]+, eval/backward_acc [\d.]+, forgetting/avg [\d.]+\.$"
+    assert re.search(scores, summary[0]), summary[0]
     assert summary[1].startswith(f"Logs: {tmp_path}/bp_pmnist/version_0")
     run = tmp_path / "bp_pmnist" / "version_0"
     assert (run / "config.yaml").exists()

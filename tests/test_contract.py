@@ -12,7 +12,15 @@ from helpers import ROOT
 from lightning.pytorch import LightningModule, Trainer
 
 from cl_lightning.callbacks import PlasticityMonitor
-from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key, parse_metric_key
+from cl_lightning.contract import (
+    EpisodeSource,
+    EvalSlot,
+    ObservedLearner,
+    metric_key,
+    online_key,
+    parse_metric_key,
+    split_metric_key,
+)
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 
 PACKAGE = ROOT / "cl_lightning"
@@ -35,6 +43,17 @@ def test_parse_metric_key_inverts_metric_key(reading: str | None) -> None:
             assert parse_metric_key(metric_key(slot, m, reading), m, reading) == slot
     assert parse_metric_key("eval/acc_matrix/task_3", "mse") is None
     assert parse_metric_key("train/online_acc", "acc") is None
+
+
+def test_split_metric_key_finds_any_reading_and_online_key_is_apart() -> None:
+    slots = [EvalSlot("forward"), EvalSlot("backward"), EvalSlot("matrix", 7), EvalSlot("final", 42)]
+    for slot in slots:
+        for m in ("acc", "mse"):
+            for reading in (None, "live", "two_words"):
+                assert split_metric_key(metric_key(slot, m, reading), m) == (slot, reading)
+    assert online_key("acc") == "train/online_acc"
+    for key in (online_key("acc"), "eval/forward_mse", "eval/forward_", "forgetting/avg", "eval/acc_matrix/task_x"):
+        assert split_metric_key(key, "acc") is None
 
 
 def test_the_data_module_hands_out_slots_for_forward_backward_and_the_matrix() -> None:

@@ -177,3 +177,24 @@ def test_report_writes_figures_and_table(tmp_path: Path) -> None:
     image = fig.axes[0].images[0].get_array()
     # R averaged over the 2 seeds: row "after 0" = (0.5, -), row "after 4" = (mean(0, 0.1), 0.9)
     np.testing.assert_allclose(image.filled(np.nan), [[0.5, np.nan], [0.05, 0.9]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("metric", ["acc", "mse"])
+def test_every_curve_panel_reads_the_keys_the_contract_names(tmp_path: Path, metric: str) -> None:
+    """A suite logged under the contract's names (as learners log) fills every panel: a figure reading a key of its
+    own that drifted from :mod:`cl_lightning.contract` would draw an empty panel."""
+    from cl_lightning.contract import EvalSlot, metric_key, online_key
+    from cl_lightning.report_figures import CURVES, curves_figure
+
+    suite = tmp_path / "toy"
+    keys = [metric_key(EvalSlot("forward"), metric), metric_key(EvalSlot("backward"), metric), online_key(metric)]
+    for seed in (0, 1):
+        _trial(suite, "learner", seed, 4, {key: dict.fromkeys(range(4), 0.5 + 0.1 * seed) for key in keys})
+    (exp,) = load_suite_runs(suite)[0]
+    assert exp.metric == metric
+    panels = [key(metric) for figure in CURVES.values() for key, _ in figure]
+    assert sorted(panels) == sorted(keys)
+    for figure in CURVES.values():
+        for ax in curves_figure([exp], figure).axes:
+            (line,) = ax.lines
+            np.testing.assert_allclose(line.get_ydata(), [0.55] * 4)  # the mean of the two seeds at each task
