@@ -27,7 +27,7 @@ import math
 import statistics
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -527,62 +527,114 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def _pm(mean: float, std: float) -> str:
+    return f"{mean:.3f} ± {std:.3f}"
+
+
+def markdown_table(header: str, align: str, rows: Iterable[Iterable[Any]]) -> list[str]:
+    """Lines of a Markdown table: ``header``'s cells, the separator (``align``: one ``l`` or ``r`` per column), and
+    one line per row of cells."""
+    lines = [header, "|" + "".join("---|" if a == "l" else "---:|" for a in align)]
+    return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+
+
 def scorecard_table(card: dict[str, dict[str, Any]], ops: dict[str, Any]) -> str:
-    """Markdown table: one row per learner and stream."""
-    lines = [
-        "| stream | learner | bytes (late) | recall lag 1 | lag 5 | lag 20 | key \\|cos\\| | ms/token early | late "
-        "| late/early | evicted |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for stream_name, rows in card.items():
-        for name, r in rows.items():
+    """Markdown tables: one row per learner and stream, then one row per op."""
+    rows = []
+    for stream_name, learners in card.items():
+        for name, r in learners.items():
             rec = r["recall"]
-            ratio = r["ms_per_token_late"] / max(r["ms_per_token_early"], 1e-12)
-            lines.append(
-                f"| {stream_name} | {name} | {r['bytes_trace'][-1][1]:,} | {_fmt(rec[1])} | {_fmt(rec[5])} | "
-                f"{_fmt(rec[20])} | {_fmt(r['key_coherence'])} | {r['ms_per_token_early']:.3f} | "
-                f"{r['ms_per_token_late']:.3f} | {ratio:.2f} | {r['evicted']:,} |"
+            rows.append(
+                [
+                    stream_name,
+                    name,
+                    f"{r['bytes_trace'][-1][1]:,}",
+                    *(_fmt(rec[lag]) for lag in LAGS),
+                    _fmt(r["key_coherence"]),
+                    f"{r['ms_per_token_early']:.3f}",
+                    f"{r['ms_per_token_late']:.3f}",
+                    f"{r['ms_per_token_late'] / max(r['ms_per_token_early'], 1e-12):.2f}",
+                    f"{r['evicted']:,}",
+                ]
             )
-    lines += [
-        "",
-        "| op | recurrent tok/s | chunked tok/s (C = 16) | ratio | best C | tok/s at best C |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
+    op_rows = []
     for name, row in ops.items():
         best = max(row["chunked"], key=lambda c: row["chunked"][c])
-        lines.append(
-            f"| {name} | {row['recurrent']:,.0f} | {row['chunked_at_16']:,.0f} | "
-            f"{row['chunked_at_16'] / row['recurrent']:.1f} | {best} | {row['chunked'][best]:,.0f} |"
+        op_rows.append(
+            [
+                name,
+                f"{row['recurrent']:,.0f}",
+                f"{row['chunked_at_16']:,.0f}",
+                f"{row['chunked_at_16'] / row['recurrent']:.1f}",
+                best,
+                f"{row['chunked'][best]:,.0f}",
+            ]
         )
-    return "\n".join(lines)
+    learners_head = (
+        "| stream | learner | bytes (late) | recall lag 1 | lag 5 | lag 20 | key \\|cos\\| | ms/token early | late "
+        "| late/early | evicted |"
+    )
+    ops_head = "| op | recurrent tok/s | chunked tok/s (C = 16) | ratio | best C | tok/s at best C |"
+    return "\n".join(
+        [*markdown_table(learners_head, "llrrrrrrrrr", rows), "", *markdown_table(ops_head, "lrrrrr", op_rows)]
+    )
 
 
 def ablation_table(rows: list[dict[str, Any]], capacity: list[dict[str, Any]]) -> str:
     """Markdown table of the ablation (mean +- std over seeds) and of the capacity sweep."""
-    lines = [
-        "| question | lever | state bytes | live recall lag 5 | lag 20 | forward (lag 0) |",
-        "|---|---|---:|---:|---:|---:|",
+    levers = [
+        [
+            r["question"],
+            r["lever"],
+            f"{r['bytes']:,}",
+            *(_pm(r[f"mean{lag}"], r[f"std{lag}"]) for lag in (5, 20)),
+            f"{r['forward']:.2f}",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['question']} | {r['lever']} | {r['bytes']:,} | {r['mean5']:.3f} ± {r['std5']:.3f} | "
-            f"{r['mean20']:.3f} ± {r['std20']:.3f} | {r['forward']:.2f} |"
-        )
-    lines += [
-        "",
-        "| associations per task | after 5 tasks (newer ones) | live recall lag 1 | lag 5 | lag 20 |",
-        "|---:|---:|---:|---:|---:|",
+    sweep = [[r["items"], 5 * r["items"], *(_pm(r[f"mean{lag}"], r[f"std{lag}"]) for lag in LAGS)] for r in capacity]
+    levers_head = "| question | lever | state bytes | live recall lag 5 | lag 20 | forward (lag 0) |"
+    sweep_head = "| associations per task | after 5 tasks (newer ones) | live recall lag 1 | lag 5 | lag 20 |"
+    return "\n".join([*markdown_table(levers_head, "llrrrr", levers), "", *markdown_table(sweep_head, "rrrrr", sweep)])
+
+
+def encoder_table(encoder: list[dict[str, Any]]) -> str:
+    """Markdown table of the encoder study."""
+    lag_keys = [f"lag{lag}" for lag in LAGS]
+    rows = [
+        [r["setting"], f"{r['bytes']:,}", f"{r['forward']:.2f}", *(_fmt(r[k]) for k in (*lag_keys, "key_coherence"))]
+        for r in encoder
     ]
-    for r in capacity:
-        lines.append(
-            f"| {r['items']} | {5 * r['items']} | {r['mean1']:.3f} ± {r['std1']:.3f} | "
-            f"{r['mean5']:.3f} ± {r['std5']:.3f} | {r['mean20']:.3f} ± {r['std20']:.3f} |"
-        )
-    return "\n".join(lines)
+    head = "| Permuted MNIST, delta rule | state bytes | forward | live recall lag 1 | lag 5 | lag 20 | key \\|cos\\| |"
+    return "\n".join(markdown_table(head, "lrrrrrr", rows))
+
+
+def tables_markdown(card: dict, ops: dict, rows: list, capacity: list, encoder: list) -> str:
+    """``tables.md``: the scorecard and op tables, the ablation and capacity tables, the encoder study (each where
+    it was run)."""
+    tables = (
+        (scorecard_table(card, ops) if card and ops else "")
+        + "\n\n"
+        + (ablation_table(rows, capacity) if rows and capacity else "")
+    )
+    return tables + ("\n\n" + encoder_table(encoder) if encoder else "")
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def recall_stats(runs: list[dict[str, Any]], lags: Iterable[int]) -> dict[str, float]:
+    """``mean{lag}`` and ``std{lag}`` of the runs' live recall at each lag."""
+    out = {}
+    for lag in lags:
+        out[f"mean{lag}"], out[f"std{lag}"] = _mean_std([r["recall"][lag] for r in runs])
+    return out
+
+
+def recall_text(recall: dict[int, float]) -> str:
+    """``L1 0.91 L5 0.21 L20 -``: a run's live recall at each lag, for the progress lines."""
+    return " ".join(f"L{lag} {_fmt(v)}" for lag, v in recall.items())
 
 
 def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> dict:
@@ -604,9 +656,8 @@ def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Ca
             t0 = time.perf_counter()
             r = run_stream(spec, stream, eval_last=5, queries=queries)
             card[stream_name][spec.name] = r
-            recall = " ".join(f"L{lag} {_fmt(v)}" for lag, v in r["recall"].items())
             print(
-                f"{stream_name:<18}{spec.name:<18} recall {recall}  forward {_fmt(r['forward'])}  "
+                f"{stream_name:<18}{spec.name:<18} recall {recall_text(r['recall'])}  forward {_fmt(r['forward'])}  "
                 f"bytes {r['bytes_trace'][-1][1]:,}  ({time.perf_counter() - t0:.0f} s)",
                 flush=True,
             )
@@ -620,23 +671,23 @@ def run_ablation(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
         runs = [
             run_stream(spec, recall_stream(seed), eval_last=5, queries=128, seed=seed) for seed in range(args.seeds)
         ]
-        m5, s5 = _mean_std([r["recall"][5] for r in runs])
-        m20, s20 = _mean_std([r["recall"][20] for r in runs])
+        stats = recall_stats(runs, (5, 20))
         rows.append(
             {
                 "question": question,
                 "lever": lever,
                 "name": spec.name,
                 "bytes": runs[0]["state_bytes"],
-                "mean5": m5,
-                "std5": s5,
-                "mean20": m20,
-                "std20": s20,
+                **stats,
                 "forward": statistics.fmean(r["forward"] for r in runs),
                 "key_coherence": statistics.fmean(r["key_coherence"] for r in runs),
             }
         )
-        print(f"ablation {lever:<48} lag5 {m5:.3f}±{s5:.3f}  lag20 {m20:.3f}±{s20:.3f}", flush=True)
+        print(
+            f"ablation {lever:<48} lag5 {stats['mean5']:.3f}±{stats['std5']:.3f}  "
+            f"lag20 {stats['mean20']:.3f}±{stats['std20']:.3f}",
+            flush=True,
+        )
     return rows
 
 
@@ -666,11 +717,7 @@ def run_encoder_study(args: argparse.Namespace) -> list:
                 "key_coherence": r["key_coherence"],
             }
         )
-        print(
-            f"encoder study {label:<44} forward {r['forward']:.2f} "
-            + " ".join(f"L{lag} {_fmt(v)}" for lag, v in r["recall"].items()),
-            flush=True,
-        )
+        print(f"encoder study {label:<44} forward {r['forward']:.2f} {recall_text(r['recall'])}", flush=True)
     return rows
 
 
@@ -683,9 +730,7 @@ def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
             run_stream(spec, recall_stream(seed, items), eval_last=5, queries=128, seed=seed)
             for seed in range(args.seeds)
         ]
-        row: dict[str, Any] = {"items": items}
-        for lag in LAGS:
-            row[f"mean{lag}"], row[f"std{lag}"] = _mean_std([r["recall"][lag] for r in runs])
+        row: dict[str, Any] = {"items": items, **recall_stats(runs, LAGS)}
         capacity.append(row)
         print(f"capacity items {items:>3}: lag5 {row['mean5']:.3f}±{row['std5']:.3f}", flush=True)
     return capacity
@@ -745,19 +790,7 @@ def main() -> None:
         figure_parallel(ops, args.out / "property3_chunked_vs_recurrent.png")
     if rows:
         figure_ablation(rows, 0.1, args.out / "ablation.png")
-    tables = (
-        (scorecard_table(card, ops) if card and ops else "")
-        + "\n\n"
-        + (ablation_table(rows, capacity) if rows and capacity else "")
-    )
-    if encoder:
-        tables += "\n\n| Permuted MNIST, delta rule | state bytes | forward | live recall lag 1 | lag 5 | lag 20 "
-        tables += "| key \\|cos\\| |\n"
-        tables += "|---|---:|---:|---:|---:|---:|---:|\n" + "\n".join(
-            f"| {r['setting']} | {r['bytes']:,} | {r['forward']:.2f} | {_fmt(r['lag1'])} | {_fmt(r['lag5'])} | "
-            f"{_fmt(r['lag20'])} | {_fmt(r['key_coherence'])} |"
-            for r in encoder
-        )
+    tables = tables_markdown(card, ops, rows, capacity, encoder)
     (args.out / "tables.md").write_text(tables)
     print(tables)
     print(f"\ntotal {result['seconds'] / 60:.1f} min; results in {args.out}")
