@@ -6,6 +6,7 @@ write must stay a small fraction of that. The default learner is QOA V1 of ``qoa
 buffer: ~11 MB of state plus Adam's moments).
 
     python benchmarks/checkpoint_write.py            # QOA V1, 20 interleaved writes each, medians
+    python benchmarks/checkpoint_write.py --small    # a 1,000-example buffer, 3 writes each (the smoke test)
 """
 
 from __future__ import annotations
@@ -33,12 +34,16 @@ def _median_ms(writers: dict[str, TorchCheckpointIO], checkpoint: dict, folder: 
     return {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print the median write time of each writer and the checkpoint's size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20)
-    args = parser.parse_args()
-    model = QueryOnlyAttention()  # the paper's V1 defaults: FIFO 50,000, scorer 9 x 100
+    parser.add_argument("--small", action="store_true", help="a 1,000-example buffer and 3 writes each")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.repeats = 3
+    sizes = {"memory_size": 1_000, "support_size": 100} if args.small else {}
+    model = QueryOnlyAttention(**sizes)  # the paper's V1 defaults: FIFO 50,000, scorer 9 x 100
     optimizer = torch.optim.Adam(model.parameters())
     model(torch.rand(2, 49)).sum().backward()  # so Adam has moments to save
     optimizer.step()

@@ -14,7 +14,8 @@ parametric learners' stay flat. Learners:
 - ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol);
   any other rule name (``omega``, ``titans``, ``ttt_mlp``, ...) runs ParametricAttention with that rule.
 
-Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``.
+Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``; ``--small``:
+two points of a 1,600-image stream, QOA's buffer 1,200 (so it trains), in seconds (the smoke test).
 """
 
 from __future__ import annotations
@@ -52,13 +53,13 @@ def context_bytes(learner: ContinualLearner) -> int:
     return _buffer_bytes(learner.buffer)
 
 
-def _learners(names: list[str], total: int) -> dict[str, tuple[ContinualLearner, Callable | None]]:
+def _learners(names: list[str], total: int, qoa_memory: int) -> dict[str, tuple[ContinualLearner, Callable | None]]:
     """Each learner and, for the read-only row, the function timed instead of a training step."""
     out: dict[str, tuple[ContinualLearner, Callable | None]] = {}
     for name in names:
         torch.manual_seed(0)
         if name == "qoa":
-            out[name] = (QueryOnlyAttention(memory_size=50_000, support_size=1_000), None)
+            out[name] = (QueryOnlyAttention(memory_size=qoa_memory, support_size=1_000), None)
         elif name == "qoa_read_all":
             qoa = QueryOnlyAttention(memory_size=total, support_size=1, start_when_full=True, online_queries=0)
 
@@ -78,7 +79,7 @@ def _learners(names: list[str], total: int) -> dict[str, tuple[ContinualLearner,
 
 def _step(learner: ContinualLearner, optimizer: torch.optim.Optimizer, batch: tuple, index: int) -> None:
     loss = learner.training_step(batch, index)
-    if loss is not None:
+    if loss is not None and learner.automatic_optimization:  # replay learners step inside training_step
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -89,6 +90,9 @@ def run(
 ) -> list[tuple[int, float, int]]:
     """Rows ``(examples seen, seconds per step, context bytes)`` at each point (in examples) of the stream."""
     optimizer = learner.configure_optimizers()
+    if not learner.automatic_optimization:  # QOA steps its optimiser itself: no Trainer here to hand it over
+        learner.optimizers = lambda: optimizer  # type: ignore[method-assign]
+        learner.manual_backward = lambda loss, *a, **k: loss.backward()  # type: ignore[method-assign]
     per_task, steps = stream.num_chunks, max(points) // CHUNK
     times, rows = [], []
     for i in range(steps):
@@ -108,14 +112,17 @@ def run(
     return rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the learners, print the table and the late / early ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--points", type=int, nargs="+", default=[10_000, 50_000, 100_000, 200_000])
     parser.add_argument("--window", type=int, default=10, help="steps before each point whose median time is shown")
     parser.add_argument("--task-size", type=int, default=10_000, help="training images per Permuted-MNIST task")
     parser.add_argument("--learners", nargs="+", default=None)
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="points 800 and 1,600, window 2, QOA's buffer 1,200")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.points, args.window, args.task_size = [800, 1_600], 2, 800
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*self.trainer.*")  # self.log outside a Trainer: nothing to log to
     points = sorted({p - p % CHUNK for p in args.points if p >= CHUNK})
@@ -133,7 +140,7 @@ def main() -> None:
     stream = PermutedMNIST(num_tasks=tasks, train_size=args.task_size, query_size=1, chunk_size=CHUNK)
     print(f"{'learner':<18}{'examples':>10}{'ms/step':>10}{'context bytes':>15}")
     verdicts = []
-    for name, (learner, reader) in _learners(names, max(points)).items():
+    for name, (learner, reader) in _learners(names, max(points), 1_200 if args.small else 50_000).items():
         rows = run(learner, reader, stream, points, args.window)
         for seen, seconds, nbytes in rows:
             print(f"{name:<18}{seen:>10}{seconds * 1e3:>10.2f}{nbytes:>15,}")

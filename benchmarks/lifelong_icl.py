@@ -15,7 +15,7 @@ rule at matched context-memory bytes, and runs the open questions as an ablation
 5. **Ablation**: each lever's effect on live recall at lags 5 and 20 at (about) fixed state bytes, 3 seeds.
 
 One process, one thread (``torch.set_num_threads(1)``): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
-Usage: ``python benchmarks/lifelong_icl.py [--quick] [--out benchmarks/results/lifelong_icl]``; writes
+Usage: ``python benchmarks/lifelong_icl.py [--quick | --small] [--out benchmarks/results/lifelong_icl]``; writes
 ``scorecard.json``, ``ablation.md`` and one PNG per property.
 """
 
@@ -637,15 +637,16 @@ def recall_text(recall: dict[int, float]) -> str:
     return " ".join(f"L{lag} {_fmt(v)}" for lag, v in recall.items())
 
 
+def pmnist_stream(args: argparse.Namespace) -> PermutedMNIST:
+    """The Permuted-MNIST stream of the scorecard and the encoder study (seed 0, chunks of 100, 200 queries)."""
+    return PermutedMNIST(num_tasks=args.tasks, train_size=args.pmnist_train, query_size=200, chunk_size=100, seed=0)
+
+
 def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> dict:
     """Every learner on both streams (seed 0): recall at each lag, cost per token, bytes and evictions."""
     streams = {
-        "AssociativeRecall": (recall_stream(0), hidden, 128),
-        "PermutedMNIST": (
-            PermutedMNIST(num_tasks=args.tasks, train_size=args.pmnist_train, query_size=200, chunk_size=100, seed=0),
-            [256],
-            200,
-        ),
+        "AssociativeRecall": (recall_stream(0), hidden, args.recall_queries),
+        "PermutedMNIST": (pmnist_stream(args), [256], 200),
     }
     card: dict[str, dict[str, Any]] = {}
     for stream_name, (stream, width, queries) in streams.items():
@@ -669,7 +670,8 @@ def run_ablation(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
     rows = []
     for question, lever, spec in ablation_specs(hidden):
         runs = [
-            run_stream(spec, recall_stream(seed), eval_last=5, queries=128, seed=seed) for seed in range(args.seeds)
+            run_stream(spec, recall_stream(seed), eval_last=5, queries=args.recall_queries, seed=seed)
+            for seed in range(args.seeds)
         ]
         stats = recall_stats(runs, (5, 20))
         rows.append(
@@ -694,7 +696,7 @@ def run_ablation(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
 def run_encoder_study(args: argparse.Namespace) -> list:
     """Slow-weight drift vs fast-state capacity on Permuted MNIST (``configs/delta_rule_pmnist.yaml``'s learner):
     the delta rule with the encoder trained online, frozen at random init, frozen after task 0, and d_k up to 1,024."""
-    stream = PermutedMNIST(num_tasks=args.tasks, train_size=args.pmnist_train, query_size=200, chunk_size=100, seed=0)
+    stream = pmnist_stream(args)
     width = [256, 256]
     rows = []
     for label, kwargs in [
@@ -727,7 +729,7 @@ def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
     capacity = []
     for items in (2, 4, 8, 16, 32):
         runs = [
-            run_stream(spec, recall_stream(seed, items), eval_last=5, queries=128, seed=seed)
+            run_stream(spec, recall_stream(seed, items), eval_last=5, queries=args.recall_queries, seed=seed)
             for seed in range(args.seeds)
         ]
         row: dict[str, Any] = {"items": items, **recall_stats(runs, LAGS)}
@@ -736,7 +738,7 @@ def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
     return capacity
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the scorecard, the op throughput, the ablation and the capacity sweep; write JSON, tables, figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lifelong_icl"))
@@ -745,17 +747,24 @@ def main() -> None:
     parser.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
     parser.add_argument("--pmnist-train", type=int, default=2_000, help="Permuted-MNIST training images per task")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--recall-train", type=int, default=256, help="AssociativeRecall training examples per task")
+    parser.add_argument("--recall-queries", type=int, default=128, help="AssociativeRecall held-out queries per task")
     parser.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
+    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
+    parser.add_argument("--small", action="store_true", help="every part at toy sizes, in seconds (the smoke test)")
     parser.add_argument(
         "--skip", nargs="*", default=[], choices=["scorecard", "ops", "ablation", "capacity", "encoder"]
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*self.trainer.*")
     warnings.filterwarnings("ignore", message=".*self.log.*")
     if args.quick:
         args.tasks, args.seeds, args.pmnist_train, args.tokens = 21, 1, 500, 256
+    if args.small:  # lag 5 reached, lag 20 not
+        args.tasks, args.items, args.input_dim, args.seeds, args.pmnist_train = 6, 4, 32, 1, 100
+        args.recall_train, args.recall_queries, args.tokens, args.chunk_sizes = 32, 32, 32, [8, 16, 32]
     args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     hidden = [128]
@@ -765,15 +774,15 @@ def main() -> None:
             num_tasks=args.tasks,
             num_items=items or args.items,
             input_dim=args.input_dim,
-            train_size=256,
-            query_size=128,
+            train_size=args.recall_train,
+            query_size=args.recall_queries,
             chunk_size=32,
             seed=seed,
         )
 
     result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
     card = run_scorecard(args, hidden, recall_stream) if "scorecard" not in args.skip else {}
-    ops = op_throughput(args.tokens, [8, 16, 32, 64, 128, 256], repeats=2) if "ops" not in args.skip else {}
+    ops = op_throughput(args.tokens, args.chunk_sizes, repeats=2) if "ops" not in args.skip else {}
     for name, row in ops.items():
         print(f"op {name:<18} recurrent {row['recurrent']:>10,.0f} tok/s  chunked(16) {row['chunked_at_16']:>10,.0f}")
     rows = run_ablation(args, hidden, recall_stream) if "ablation" not in args.skip else []

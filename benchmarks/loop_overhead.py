@@ -11,6 +11,7 @@ user sees it) and evaluation, checkpoints and monitors off. Two workloads matter
 
     python benchmarks/loop_overhead.py                                           # PMNIST, 2 tasks of 58,000
     python benchmarks/loop_overhead.py --config configs/bp_scr.yaml --train-size 2000   # SCR, chunk 1
+    python benchmarks/loop_overhead.py --small                                   # 2 tasks of 800, once each
 """
 
 from __future__ import annotations
@@ -80,14 +81,17 @@ def plain_seconds(args: argparse.Namespace, root: str) -> tuple[float, int]:
     return time.perf_counter() - start, steps
 
 
-def main_benchmark() -> None:
+def main_benchmark(argv: list[str] | None = None) -> None:
     """Time both loops (best of ``--repeats``, alternating) and print ms per step and their ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/bp_pmnist.yaml", help="a Backprop config")
     parser.add_argument("--tasks", type=int, default=2)
     parser.add_argument("--train-size", type=int, default=None, help="examples per task (default: the config's)")
     parser.add_argument("--repeats", type=int, default=2)
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="2 tasks of 800 examples, one repeat (the smoke test)")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.tasks, args.train_size, args.repeats = 2, 800, 1
     torch.set_num_threads(1)
     best = {"plain": float("inf"), "lightning": float("inf"), "lightning, no bar": float("inf")}
     steps = {}

@@ -9,6 +9,7 @@ alternate ``--repeats`` times and the fastest of each is kept, which damps the n
     python benchmarks/metric_overhead.py --config configs/qoa_pmnist.yaml --tasks 30 \\
         --overlays configs/quick.yaml configs/quick_qoa.yaml      # the README's main command
     python benchmarks/metric_overhead.py --each                   # and each monitor alone
+    python benchmarks/metric_overhead.py --small --each           # 2 tasks of 400 images (the smoke test)
 """
 
 from __future__ import annotations
@@ -23,11 +24,19 @@ from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonito
 from cl_lightning.cli import main
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor)
+SMALL = [  # --small: every monitor's code path at a size a test can afford
+    "--data.stream.init_args.train_size=400",
+    "--data.stream.init_args.query_size=100",
+    "--data.eval_queries=50",
+    "--data.num_probe_tasks=2",
+]
 
 
-def timed_fit(config: str, tasks: int, keep: tuple[type, ...], root: str, overlays: list[str]) -> float:
+def timed_fit(
+    config: str, tasks: int, keep: tuple[type, ...], root: str, overlays: list[str], extra: list[str]
+) -> float:
     """Seconds of one ``Trainer.fit`` of the quick config with only the monitors in ``keep`` (construction and data
-    loading excluded)."""
+    loading excluded); ``extra``: further CLI arguments."""
     cli = main(
         [
             "--config",
@@ -38,6 +47,7 @@ def timed_fit(config: str, tasks: int, keep: tuple[type, ...], root: str, overla
             "--trainer.enable_model_summary=false",
             f"--trainer.logger.init_args.save_dir={root}",
             f"--trainer.default_root_dir={root}",
+            *extra,
         ],
         run=False,
     )
@@ -51,7 +61,7 @@ def timed_fit(config: str, tasks: int, keep: tuple[type, ...], root: str, overla
     return time.perf_counter() - start
 
 
-def main_benchmark() -> None:
+def main_benchmark(argv: list[str] | None = None) -> None:
     """Parse the arguments, time both fits and print the ratio."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/bp_pmnist.yaml")
@@ -59,7 +69,11 @@ def main_benchmark() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--overlays", nargs="+", default=["configs/quick.yaml"], help="configs applied after --config")
     parser.add_argument("--each", action="store_true", help="also time each monitor alone")
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="2 tasks of 400 images, small episodes (the smoke test)")
+    args = parser.parse_args(argv)
+    extra = SMALL if args.small else []
+    if args.small:
+        args.tasks, args.repeats = 2, 1
     torch.set_num_threads(1)
     variants: dict[str, tuple[type, ...]] = {"none": (), "all": MONITORS}
     if args.each:
@@ -68,7 +82,7 @@ def main_benchmark() -> None:
     with tempfile.TemporaryDirectory() as root:
         for _ in range(args.repeats):
             for name, keep in variants.items():
-                best[name] = min(best[name], timed_fit(args.config, args.tasks, keep, root, args.overlays))
+                best[name] = min(best[name], timed_fit(args.config, args.tasks, keep, root, args.overlays, extra))
     runs = f"{args.config} + {' + '.join(args.overlays)}, {args.tasks} tasks"
     print(f"{runs}: without monitors {best['none']:.1f} s, with {best['all']:.1f} s")
     for name in variants:

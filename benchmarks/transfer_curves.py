@@ -10,6 +10,7 @@ context and query sizes). Prints one row per probe and writes them as CSV.
     python benchmarks/transfer_curves.py --overlays configs/quick.yaml configs/quick_qoa.yaml
     python benchmarks/transfer_curves.py --config configs/bp_pmnist.yaml --overlays configs/demo_pmnist.yaml \\
         --set data.stream.init_args.num_tasks=100 --out logs/curves/bp.csv
+    python benchmarks/transfer_curves.py --small    # 2 tasks of 400 images, probes after each (the smoke test)
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ from cl_lightning.data import PermutedMNIST
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor, ModelCheckpoint)
 FORWARD, BACKWARD = metric_key(EvalSlot("forward"), "acc"), metric_key(EvalSlot("backward"), "acc")
+SMALL = [  # --small: the same code path at a size a test can afford
+    "data.stream.init_args.num_tasks=2",
+    "data.stream.init_args.train_size=400",
+    "data.stream.init_args.query_size=100",
+    "data.eval_queries=20",
+    "data.context_size=50",
+    "data.backward_lag=1",
+    "data.num_probe_tasks=2",
+]
 
 
 class TransferProbe(Callback):
@@ -128,7 +138,7 @@ def run(
     return probe, per_task, time.perf_counter() - start
 
 
-def main_benchmark() -> None:
+def main_benchmark(argv: list[str] | None = None) -> None:
     """Parse the arguments, fit, print the curve and the last-10-task means, write the CSV."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/qoa_pmnist.yaml")
@@ -138,7 +148,10 @@ def main_benchmark() -> None:
     parser.add_argument("--unseen", type=int, default=5, help="unseen permutations per probe")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
     parser.add_argument("--out", default=None, help="CSV of the probes (and <out>.tasks.csv: every task's metrics)")
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="2 tasks of 400 images, small episodes, 1 unseen task")
+    args = parser.parse_args(argv)
+    if args.small:
+        args.sets, args.every, args.unseen = [*SMALL, *args.sets], 1, 1
     if args.threads:
         torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as root:
