@@ -240,8 +240,10 @@ def quiet() -> None:
     # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
     # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
     # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
-    # calls the deprecated torch.jit.script internally: library mismatches, not ours.
+    # calls the deprecated torch.jit.script internally: library mismatches, not ours. Replay learners keep a chunk's
+    # host labels in their own on_before_batch_transfer (no device read per step), deliberately beside a data module.
     for message in (
+        ".*overridden `on_before_batch_transfer` in `LightningModule` but have passed in a `LightningDataModule`.*",
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
         ".*`training_step` returned `None`.*",
         ".*`IterableDataset` has `__len__` defined.*",

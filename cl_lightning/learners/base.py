@@ -89,6 +89,7 @@ class ContinualLearner(LightningModule, ABC):
         self.optimizer_factory = optimizer
         self.seed = seed
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
+        self._steps = 0  # host shadow of steps_taken (the checkpointed tensor), reread on load
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
 
     @property
@@ -97,11 +98,20 @@ class ContinualLearner(LightningModule, ABC):
         return "acc" if self.task_type == "classification" else "mse"
 
     def step_generator(self) -> torch.Generator:
-        """A generator seeded from ``(seed, step)``; advances the step counter (kept in checkpoints)."""
+        """A CPU generator seeded from ``(seed, step)``; advances the step counter (kept in checkpoints).
+
+        The step is read from a host shadow of the ``steps_taken`` buffer, so no step waits for the device.
+        """
         gen = torch.Generator()
-        gen.manual_seed(self.seed * 1_000_003 + int(self.steps_taken))
-        self.steps_taken += 1
+        gen.manual_seed(self.seed * 1_000_003 + self._steps)
+        self._steps += 1
+        self.steps_taken.add_(1)
         return gen
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        """Load this module's tensors, then reread the step counter's host shadow (once per load)."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._steps = int(self.steps_taken)
 
     def loss(self, pred: Tensor, y: Tensor) -> Tensor:
         """Cross-entropy on logits, or MSE on predictions.

@@ -102,9 +102,9 @@ class EWC(Backprop):
                 grads = torch.autograd.grad(self.loss(self.predict(x), y), weights)
                 fisher += torch.cat([g.flatten() for g in grads]).square() * x.shape[0]
                 seen += x.shape[0]
-        slot = int(self.tasks_consolidated) % self.num_penalties
-        self.fisher[slot] = fisher / max(seen, 1)
-        self.anchors[slot] = torch.cat([p.detach().flatten() for p in weights])
+        slot = (self.tasks_consolidated % self.num_penalties).view(1)  # on the device: no host read
+        self.fisher.index_copy_(0, slot, (fisher / max(seen, 1))[None])
+        self.anchors.index_copy_(0, slot, torch.cat([p.detach().flatten() for p in weights])[None])
         self.tasks_consolidated += 1
 
     def fisher_batches(self, source: EpisodeSource, task: int) -> Iterator[tuple[Tensor, Tensor]]:

@@ -96,13 +96,16 @@ class QueryOnlyAttention(ReplayLearner):
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
+        if sampler == "window" and task_type == "classification":
+            self.buffer.keep_host_labels()  # the window sampler draws from host labels: no device read per step
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Class logits ``(Q, C)`` (sum of raw scores per class) or regression values ``(Q, k)`` (softmax over S)."""
         query_x, support_x = self.encoder(query_x), self.encoder(support_x)  # (Q, F), (S, F)
         scores = self.scorer(query_x, support_x, support_y if self.use_labels else None)  # (Q, S)
-        if self.task_type == "classification":
-            return scores @ nn.functional.one_hot(support_y, self.num_outputs).to(scores.dtype)  # (Q, C)
+        if self.task_type == "classification":  # one-hot by comparison: F.one_hot reads min and max on the CPU
+            classes = torch.arange(self.num_outputs, device=support_y.device)
+            return scores @ (support_y[:, None] == classes).to(scores.dtype)  # (Q, C)
         return scores.softmax(-1) @ support_y.to(scores.dtype)  # (Q, k)
 
     def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
@@ -124,14 +127,15 @@ class QueryOnlyAttention(ReplayLearner):
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
         self.log_online_from_memory(x, y)  # the newest support_size stored examples are the support set
-        self.buffer.add(x, y, task_id, gen)
+        self.buffer.add(x, y, task_id, gen, host_y=self.host_labels(y))
         if not self.ready():
             return None
         labels = self.buffer.labels if self.task_type == "classification" else None  # the sampler reads one window
-        q_idx, s_idx = sample_support(
+        q_idx, s_idx = sample_support(  # on the host, from host labels and the CPU generator
             self.sampler, labels, len(self.buffer), self.support_size, self.queries_per_step, gen
         )
-        (qx, qy), (sx, sy) = self.buffer.get(q_idx.to(x.device)), self.buffer.get(s_idx.to(x.device))
+        q_idx, s_idx = q_idx.to(x.device, non_blocking=True), s_idx.to(x.device, non_blocking=True)
+        (qx, qy), (sx, sy) = self.buffer.get(q_idx), self.buffer.get(s_idx)
         loss = self.loss(self.attend(qx, sx, sy), qy)
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])

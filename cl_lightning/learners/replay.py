@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import TaskType
+from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
@@ -64,6 +64,19 @@ class ReplayLearner(ContinualLearner):
         y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
         self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
         self.automatic_optimization = False  # see the module docstring: skipped steps under DDP
+        self._host_batch_y: Tensor | None = None  # the running chunk's labels before their transfer to the device
+
+    def on_before_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
+        """Keep the CPU labels of a training chunk before Lightning moves it to the device (:meth:`host_labels`)."""
+        if isinstance(batch, StreamBatch):
+            self._host_batch_y = batch.y
+        return batch
+
+    def host_labels(self, y: Tensor) -> Tensor | None:
+        """The CPU copy of the chunk labels ``y`` kept by :meth:`on_before_batch_transfer` (taken once), or ``None``
+        when there is none of ``y``'s shape (``training_step`` called outside Lightning)."""
+        host, self._host_batch_y = self._host_batch_y, None
+        return host if host is not None and host.shape == y.shape and host.device.type == "cpu" else None
 
     @abstractmethod
     def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:

@@ -3,6 +3,11 @@
 Everything lives in registered buffers at final shape, so a checkpoint holds the memory and a resumed run
 continues with exactly the same contents. Indices handed out are *logical*: 0 is the oldest stored example and
 ``size - 1`` the newest (for reservoir mode, storage order).
+
+No host synchronisation per step on an accelerator: the counters a step's decisions need (examples seen, FIFO
+head) have Python-int shadows of the ``n_seen`` / ``head`` tensors (the tensors stay the checkpointed state; the
+shadows are reread from them on load), and class labels have a host copy (:meth:`ReplayBuffer.labels`), written
+from the host side of each chunk, from which the samplers draw.
 """
 
 from __future__ import annotations
@@ -45,16 +50,34 @@ class ReplayBuffer(nn.Module):
         self.register_buffer("task_id", torch.full((capacity,), -1, dtype=torch.long))
         self.register_buffer("n_seen", torch.zeros((), dtype=torch.long))
         self.register_buffer("head", torch.zeros((), dtype=torch.long))  # FIFO: next physical slot to write
+        self._seen, self._head = 0, 0  # host shadows of n_seen and head (reread on load)
+        self._host_y: Tensor | None = None  # host copy of the class labels: keep_host_labels()
+
+    def keep_host_labels(self) -> None:
+        """Keep a CPU copy of the class labels, from which :meth:`labels` reads (a sampler drawing from the labels
+        then needs no device-to-host copy per step). Call it on an empty buffer; class labels only."""
+        if self.y.dtype != torch.long or self.y.dim() != 1:
+            raise ValueError("keep_host_labels() needs class labels (a buffer of long scalars)")
+        if self._seen:
+            raise RuntimeError("keep_host_labels() must be called before the first add()")
+        self._host_y = torch.zeros(self.capacity, dtype=torch.long)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:  # type: ignore[override]
+        """Load the tensors, then reread the host shadows from them (one host read per load, none per step)."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._seen, self._head = int(self.n_seen), int(self.head)
+        if self._host_y is not None:
+            self._host_y.copy_(self.y.cpu())
 
     def __len__(self) -> int:
         """Number of examples stored (at most ``capacity``)."""
-        return int(min(int(self.n_seen), self.capacity))
+        return min(self._seen, self.capacity)
 
     def physical(self, logical: Tensor) -> Tensor:
-        """Map logical indices (0 = oldest) to storage slots."""
-        if self.mode == "reservoir" or int(self.n_seen) < self.capacity:
+        """Map logical indices (0 = oldest) to storage slots (on ``logical``'s device)."""
+        if self.mode == "reservoir" or self._seen < self.capacity:
             return logical
-        return (logical + self.head) % self.capacity
+        return (logical + self._head) % self.capacity
 
     def get(self, logical: Tensor) -> tuple[Tensor, Tensor]:
         """Inputs and targets at logical indices."""
@@ -65,8 +88,11 @@ class ReplayBuffer(nn.Module):
         """Stored targets at logical indices ``start .. stop - 1`` (default: all of them), in logical order.
 
         A sampler that reads one window passes its range, so a step gathers ``window`` labels, not the whole buffer.
+        With :meth:`keep_host_labels` they come from the host copy, on the CPU whatever the buffer's device.
         """
         stop = len(self) if stop is None else min(stop, len(self))
+        if self._host_y is not None:
+            return self._host_y[self.physical(torch.arange(start, max(start, stop)))]
         return self.y[self.physical(torch.arange(start, max(start, stop), device=self.x.device))]
 
     def newest(self, n: int) -> Tensor:
@@ -75,32 +101,51 @@ class ReplayBuffer(nn.Module):
         return torch.arange(max(0, size - n), size, device=self.x.device)
 
     @torch.no_grad()
-    def add(self, x: Tensor, y: Tensor, task_id: Tensor, generator: torch.Generator | None = None) -> None:
-        """Insert a chunk of examples in arrival order (reservoir mode draws slots from ``generator``)."""
+    def add(
+        self,
+        x: Tensor,
+        y: Tensor,
+        task_id: Tensor,
+        generator: torch.Generator | None = None,
+        host_y: Tensor | None = None,
+    ) -> None:
+        """Insert a chunk of examples in arrival order (reservoir mode draws slots from ``generator``).
+
+        ``host_y``: with :meth:`keep_host_labels`, the chunk's labels on the CPU (the batch before its transfer to the
+        device); without it they are copied from ``y`` (a host synchronisation when ``y`` is on an accelerator).
+        """
+        if self._host_y is not None and host_y is None:
+            host_y = y.cpu()
         if self.mode == "fifo":
-            self._add_fifo(x, y, task_id)
+            self._add_fifo(x, y, task_id, host_y)
         else:
-            self._add_reservoir(x, y, task_id, generator)
+            self._add_reservoir(x, y, task_id, generator, host_y)
         self.n_seen += x.shape[0]
+        self._seen += x.shape[0]
 
     def _write(self, slots: Tensor, x: Tensor, y: Tensor, task_id: Tensor) -> None:
         self.x[slots] = x.to(self.x.dtype)
         self.y[slots] = y.to(self.y.dtype)
         self.task_id[slots] = task_id
 
-    def _add_fifo(self, x: Tensor, y: Tensor, task_id: Tensor) -> None:
+    def _add_fifo(self, x: Tensor, y: Tensor, task_id: Tensor, host_y: Tensor | None) -> None:
         n = x.shape[0]
         if n > self.capacity:  # only the newest `capacity` survive; keep the head arithmetic consistent
-            self.head += n - self.capacity
+            self._head = (self._head + n - self.capacity) % self.capacity
             x, y, task_id = x[-self.capacity :], y[-self.capacity :], task_id[-self.capacity :]
+            host_y = None if host_y is None else host_y[-self.capacity :]
             n = self.capacity
-        slots = (self.head + torch.arange(n, device=self.x.device)) % self.capacity
-        self._write(slots, x, y, task_id)
-        self.head.copy_((self.head + n) % self.capacity)
+        self._write((torch.arange(n, device=self.x.device) + self._head) % self.capacity, x, y, task_id)
+        if self._host_y is not None and host_y is not None:
+            self._host_y[(torch.arange(n) + self._head) % self.capacity] = host_y.to(torch.long)
+        self._head = (self._head + n) % self.capacity
+        self.head.fill_(self._head)
 
-    def _add_reservoir(self, x: Tensor, y: Tensor, task_id: Tensor, generator: torch.Generator | None) -> None:
+    def _add_reservoir(
+        self, x: Tensor, y: Tensor, task_id: Tensor, generator: torch.Generator | None, host_y: Tensor | None
+    ) -> None:
         n = x.shape[0]
-        seen = int(self.n_seen)
+        seen = self._seen
         ranks = torch.arange(seen, seen + n)  # global index of each incoming example
         # Algorithm R: example i fills slot i while there is room, else replaces slot j ~ U{0..i} if j < capacity.
         draws = (torch.rand(n, generator=generator, dtype=torch.float64) * (ranks + 1)).long()
@@ -110,5 +155,9 @@ class ReplayBuffer(nn.Module):
         last = torch.full((self.capacity,), -1, dtype=torch.long)
         last.scatter_reduce_(0, slots[keep], order[keep], reduce="amax")  # later examples win a shared slot
         keep &= last[slots.clamp(max=self.capacity - 1)] == order
+        slots, order = slots[keep], order[keep]  # host tensors: no device synchronisation
+        if self._host_y is not None and host_y is not None:
+            self._host_y[slots] = host_y[order].to(torch.long)
         dev = self.x.device
-        self._write(slots[keep].to(dev), x[keep.to(x.device)], y[keep.to(y.device)], task_id[keep.to(task_id.device)])
+        slots, order = slots.to(dev, non_blocking=True), order.to(dev, non_blocking=True)
+        self._write(slots, x[order], y[order.to(y.device)], task_id[order.to(task_id.device)])

@@ -1,0 +1,74 @@
+"""No host-device synchronisation per training step (issue: the GPU path), checked on the CPU by taint tracking
+(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop and EWC after a warm-up."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from cl_lightning.cli import main
+from tests.helpers import BACKPROP, tiny_args
+from tests.sync_check import SyncWatch
+
+QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes
+    "--model=cl_lightning.learners.QueryOnlyAttention",
+    "--model.memory_size=128",
+    "--model.support_size=48",
+    "--model.sampler=window",
+    "--model.queries_per_step=2",
+    "--model.hidden=16",
+    "--model.num_hidden_layers=2",
+    "--model.online_queries=2",
+]
+EWC = ["--model=cl_lightning.learners.EWC", "--model.hidden_sizes=[16]"]
+
+#: Where a read may happen, why it does not cost a wait per step on an accelerator, and how often it may happen.
+PER_STEP_ON_CPU_ONLY = {
+    "divergence.py:on_train_batch_end": "DivergenceStop reads the loss on the CPU only (~2 us); on an accelerator "
+    "it folds the loss's finiteness into a device flag read every 100 steps (its docstring)",
+}
+PER_TASK = {  # at most MAX_PER_TASK events per task each
+    "base.py:log_task_mean": "a task mean's two states are made on the host and moved when the task's first value "
+    "of that name arrives",
+    "utilities/data.py:has_len_all_ranks": "Lightning checks the reloaded training loader's length (each task)",
+}
+MAX_PER_TASK = 8
+TASKS = 2
+
+
+def _events(tmp_path: Path, learner: list[str], warmup: int) -> tuple[list[str], int]:
+    """The reads of the watched steps not explained by the tables above, and the number of steps watched."""
+    cli = main(tiny_args(tmp_path, learner, tasks=TASKS), run=False)
+    watch = SyncWatch(warmup)
+    cli.trainer.callbacks.insert(0, watch)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    where = Counter(e.where for e in watch.rec.events)
+    assert all(where[w] <= MAX_PER_TASK * TASKS for w in PER_TASK), where
+    allowed = PER_STEP_ON_CPU_ONLY.keys() | PER_TASK.keys()
+    return [f"{e.what} at {e.where}" for e in watch.rec.events if e.where not in allowed], watch.steps
+
+
+@pytest.mark.parametrize(
+    ("learner", "warmup"),
+    [(QOA_WINDOW, 10), (BACKPROP, 2), (EWC, 2)],
+    ids=["qoa_window", "backprop", "ewc"],
+)
+def test_training_steps_never_wait_for_the_device(tmp_path: Path, learner: list[str], warmup: int) -> None:
+    events, steps = _events(tmp_path, learner, warmup)
+    assert steps >= 20  # the steps watched (2 tasks of 16 chunks, after the warm-up)
+    assert events == []
+
+
+def test_the_recorder_sees_the_synchronisations_this_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check can fail: the buffer's length read from its device counter (as before) and the window's labels
+    gathered on the device and copied to the host are caught, every step."""
+    from cl_lightning.memory import ReplayBuffer
+
+    monkeypatch.setattr(ReplayBuffer, "__len__", lambda self: min(int(self.n_seen), self.capacity))
+    monkeypatch.setattr(ReplayBuffer, "keep_host_labels", lambda self: None)  # labels() then reads the device
+    events, steps = _events(tmp_path, QOA_WINDOW, 10)
+    kinds = Counter(e.split(" at ")[0] for e in events)
+    assert kinds["_local_scalar_dense"] >= 3 * steps  # ready(), online_ready(), the sampler's size, newest()
+    assert kinds["Tensor.cpu"] >= steps - 2  # the window's labels (every step once the buffer is full)
