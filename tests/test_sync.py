@@ -72,3 +72,27 @@ def test_the_recorder_sees_the_synchronisations_this_replaced(tmp_path: Path, mo
     kinds = Counter(e.split(" at ")[0] for e in events)
     assert kinds["_local_scalar_dense"] >= 3 * steps  # ready(), online_ready(), the sampler's size, newest()
     assert kinds["Tensor.cpu"] >= steps - 2  # the window's labels (every step once the buffer is full)
+
+
+def test_host_shadows_are_reread_from_a_loaded_state() -> None:
+    """The counters' host copies follow ``load_state_dict`` (a resumed run draws from the same state)."""
+    import torch
+
+    from cl_lightning.learners import QueryOnlyAttention
+
+    def fed(steps: int) -> QueryOnlyAttention:
+        torch.manual_seed(0)
+        model = QueryOnlyAttention(memory_size=50, support_size=20, hidden=8, num_hidden_layers=1)
+        for i in range(steps):
+            x, y = torch.rand(13, 49), (torch.arange(13) + i) % 10
+            model.buffer.add(x, y, torch.zeros(13, dtype=torch.long), model.step_generator(), host_y=y.clone())
+        return model
+
+    source, target = fed(7), fed(0)  # 91 examples through a FIFO of 50: the head has wrapped
+    target.load_state_dict(source.state_dict())
+    assert target._steps == source._steps == 7
+    assert len(target.buffer) == len(source.buffer) == 50
+    assert target.buffer._head == source.buffer._head == 91 % 50
+    assert torch.equal(target.buffer.labels(), source.buffer.labels())
+    assert torch.equal(target.buffer.labels(), target.buffer.y[target.buffer.physical(torch.arange(50))])
+    assert target.step_generator().initial_seed() == source.step_generator().initial_seed()

@@ -14,6 +14,7 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -60,6 +61,12 @@ class QueryOnlyAttention(ReplayLearner):
         eval_across_ranks: Under DDP, split each evaluation episode's queries across the ranks and gather the
             answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
             ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
+        compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``
+            (inductor). The parameters and checkpoints are the module's own (no ``_orig_mod`` keys); evaluation and
+            the online metric stay eager (their blocked path already runs at the matrix-product rate). Off by
+            default: on this package's 2-core CPUs it is not faster (README, Performance).
+        compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
+            GPU was lent when this was written).
     """
 
     def __init__(
@@ -81,6 +88,8 @@ class QueryOnlyAttention(ReplayLearner):
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
         eval_across_ranks: bool = False,
+        compile: bool = False,
+        compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
     ) -> None:
         super().__init__(
             input_shape, num_outputs, task_type, memory_size, buffer_mode, support_size, online_queries, optimizer, seed
@@ -93,6 +102,8 @@ class QueryOnlyAttention(ReplayLearner):
         self.sampler, self.queries_per_step, self.start_when_full = sampler, queries_per_step, start_when_full
         self.use_labels = use_labels and task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
+        self.compile, self.compile_mode = compile, compile_mode
+        self._compiled_loss: Callable[..., Tensor] | None = None  # built at the first step (not module state)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
@@ -136,10 +147,27 @@ class QueryOnlyAttention(ReplayLearner):
         )
         q_idx, s_idx = q_idx.to(x.device, non_blocking=True), s_idx.to(x.device, non_blocking=True)
         (qx, qy), (sx, sy) = self.buffer.get(q_idx), self.buffer.get(s_idx)
-        loss = self.loss(self.attend(qx, sx, sy), qy)
+        loss = self.query_loss(qx, qy, sx, sy)
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
+
+    def query_loss(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> Tensor:
+        """The training loss of queries ``(qx, qy)`` attending over supports ``(sx, sy)``; compiled with ``compile``."""
+        if not self.compile:
+            return self._query_loss(qx, qy, sx, sy)
+        if self._compiled_loss is None:
+            self._compiled_loss = torch.compile(self._query_loss, mode=self.compile_mode)
+        return self._compiled_loss(qx, qy, sx, sy)
+
+    def _query_loss(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> Tensor:
+        return self.loss(self.attend(qx, sx, sy), qy)
+
+    def __getstate__(self) -> dict:
+        """Pickle and deep-copy without the compiled function (rebuilt at the next step)."""
+        state = super().__getstate__()
+        state["_compiled_loss"] = None
+        return state
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
         """The optimiser factory's optimiser, Adam switched to its fused kernel (same update, ~10x faster here)."""

@@ -1,0 +1,126 @@
+"""How many queries per chunk QOA's online metric needs: its cost per step against the noise of the task mean.
+
+The online metric (``train/online_acc``, ours, not the authors') predicts the first ``online_queries`` examples of
+each incoming chunk from the newest ``support_size`` stored examples before the chunk is stored. Two measurements:
+
+1. Cost: at the V1 size (1,000 supports, scorer 9 × 100), the no-gradient prediction of k queries against one
+   training step (query loss, backward, fused Adam), interleaved in one process.
+2. Noise: a short Permuted-MNIST run (paper-size chunks: 145 of 400 per task) with ``online_queries`` = 16 whose
+   per-query hits are kept; per task, the 16 queries of each chunk are cut into 16/k disjoint groups of k, and the
+   spread (standard deviation) of the groups' task means is the standard error of a task's logged online accuracy
+   with k queries per chunk, beside the binomial figure sqrt(p(1 − p) / (145 k)).
+
+    python benchmarks/online_metric.py                      # both, 2 threads (~3 min on 2 busy cores)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from cl_lightning.cli import main
+from cl_lightning.learners import QueryOnlyAttention
+from cl_lightning.nn.optim import prefer_fused
+
+K_MAX = 16
+
+
+def cost(rounds: int, reps: int) -> dict[int, float]:
+    """Median ms of the online prediction of k queries (k = 0 is one training step), V1 sizes, interleaved."""
+    torch.manual_seed(0)
+    model = QueryOnlyAttention(support_size=1000)
+    opt = prefer_fused(torch.optim.Adam(model.parameters(), lr=1e-4))
+    gen = torch.Generator().manual_seed(0)
+    sx, sy = torch.rand(1000, 49, generator=gen), torch.randint(0, 10, (1000,), generator=gen)
+    x, y = torch.rand(K_MAX, 49, generator=gen), torch.randint(0, 10, (K_MAX,), generator=gen)
+
+    def train() -> None:
+        opt.zero_grad()
+        model.query_loss(x[:1], y[:1], sx[:990], sy[:990]).backward()
+        opt.step()
+
+    def online(k: int) -> None:
+        with torch.no_grad():
+            model.predict_support(x[:k], sx, sy)
+
+    jobs = {0: train, **{k: (lambda k=k: online(k)) for k in (1, 2, 4, 8)}}
+    for job in jobs.values():
+        job()
+    ms: dict[int, list[float]] = {k: [] for k in jobs}
+    for _ in range(rounds):
+        for k, job in jobs.items():
+            start = time.perf_counter()
+            for _ in range(reps):
+                job()
+            ms[k].append((time.perf_counter() - start) / reps * 1e3)
+    return {k: statistics.median(v) for k, v in ms.items()}
+
+
+def noise(tasks: int) -> list[torch.Tensor]:
+    """Per task, the ``(chunks, K_MAX)`` hits of a QOA V1 run on Permuted MNIST (buffer of 5,000 so it trains from
+    the first task; evaluation shrunk, monitors off)."""
+    hits: list[list[torch.Tensor]] = [[] for _ in range(tasks)]
+    with tempfile.TemporaryDirectory() as root:
+        cli = main(
+            [
+                "--config=configs/qoa_pmnist.yaml",
+                f"--data.stream.init_args.num_tasks={tasks}",
+                "--data.eval_queries=100",
+                "--data.num_probe_tasks=1",
+                "--model.init_args.memory_size=5000",
+                f"--model.init_args.online_queries={K_MAX}",
+                "--callbacks.plasticity=null",
+                "--callbacks.hessian=null",
+                "--callbacks.checkpoint=null",
+                "--trainer.accelerator=cpu",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.enable_model_summary=false",
+                f"--trainer.logger.init_args.save_dir={root}",
+                f"--trainer.default_root_dir={root}",
+            ],
+            run=False,
+        )
+        model = cli.model
+        log_online = model.log_online
+
+        def keep(pred: torch.Tensor, y: torch.Tensor, loss: torch.Tensor | None = None) -> None:
+            if pred.shape[0] == K_MAX:
+                hits[model.trainer.current_epoch].append((pred.argmax(-1) == y).float())
+            log_online(pred, y, loss)
+
+        model.log_online = keep  # type: ignore[method-assign]
+        cli.trainer.fit(model, cli.datamodule)
+    return [torch.stack(h) for h in hits if h]
+
+
+def main_(argv: list[str] | None = None) -> None:
+    """Run both measurements and print them."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--tasks", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=20)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    ms = cost(args.rounds, args.reps)
+    print(f"training step (V1, 1 query x 990 supports): {ms[0]:.2f} ms")
+    for k in (1, 2, 4, 8):
+        share = ms[k] / ms[0]
+        print(f"online metric, {k} queries x 1,000 supports: {ms[k]:.2f} ms ({share:.2f} of a step)")
+    per_task = noise(args.tasks)
+    for t, h in enumerate(per_task):
+        chunks, p_hat = h.shape[0], float(h.mean())
+        line = [f"task {t}: {chunks} chunks, online acc {p_hat:.3f}"]
+        for k in (1, 2, 4, 8):
+            groups = h.view(chunks, K_MAX // k, k).mean((0, 2))  # (16 / k,) task means of disjoint groups
+            binomial = (p_hat * (1 - p_hat) / (chunks * k)) ** 0.5
+            line.append(f"k={k}: SE {float(groups.std()):.4f} (binomial {binomial:.4f})")
+        print("; ".join(line))
+
+
+if __name__ == "__main__":
+    main_()
