@@ -48,6 +48,18 @@ COPIES_IN = {torch.tensor, torch.as_tensor}  # from Python data: a blocking copy
 HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
 ROOT = str(Path(__file__).resolve().parents[1] / "cl_lightning")
 
+#: Where a read may happen, why it does not cost a wait per step on an accelerator, and how often it may happen.
+PER_STEP_ON_CPU_ONLY = {
+    "divergence.py:on_train_batch_end": "DivergenceStop reads the loss on the CPU only (~2 us); on an accelerator "
+    "it folds the loss's finiteness into a device flag read every 100 steps (its docstring)",
+}
+PER_TASK = {  # at most MAX_PER_TASK events per task each
+    "base.py:log_task_mean": "a task mean's two states are made on the host and moved when the task's first value "
+    "of that name arrives",
+    "utilities/data.py:has_len_all_ranks": "Lightning checks the reloaded training loader's length (each task)",
+}
+MAX_PER_TASK = 8
+
 
 @dataclass
 class Event:

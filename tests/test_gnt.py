@@ -132,6 +132,7 @@ def test_replaces_the_lowest_utility_mature_units() -> None:
     # decay 0 and |outgoing| = 1: utility = mean|h| = [3, 1, 0, 2]. Unit 2 has the lowest but is immature.
     gnt = GenerateAndTest([4], replacement_rate=0.5, maturity_threshold=100, decay_rate=0.0, utility="contribution")
     gnt.buffer("age", 0).copy_(torch.tensor([200, 200, 5, 200]))
+    gnt.sync_host()  # ages written by hand: the host's eligible count follows
     h = torch.tensor([[3.0, 1.0, 0.0, 2.0], [3.0, 1.0, 0.0, 2.0]])
     w_in, w_out = hidden.weight.detach().clone(), out.weight.detach().clone()
     gen = torch.Generator().manual_seed(0)

@@ -1,5 +1,5 @@
 """No host-device synchronisation per training step (issue: the GPU path), checked on the CPU by taint tracking
-(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop and EWC after a warm-up."""
+(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop, EWC and CBP after a warm-up."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cl_lightning.cli import main
-from tests.helpers import BACKPROP, tiny_args
-from tests.sync_check import SyncWatch
+from tests.helpers import BACKPROP, CBP, tiny_args
+from tests.sync_check import MAX_PER_TASK, PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
 
 QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes
     "--model=cl_lightning.learners.QueryOnlyAttention",
@@ -24,17 +24,6 @@ QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes
 ]
 EWC = ["--model=cl_lightning.learners.EWC", "--model.hidden_sizes=[16]"]
 
-#: Where a read may happen, why it does not cost a wait per step on an accelerator, and how often it may happen.
-PER_STEP_ON_CPU_ONLY = {
-    "divergence.py:on_train_batch_end": "DivergenceStop reads the loss on the CPU only (~2 us); on an accelerator "
-    "it folds the loss's finiteness into a device flag read every 100 steps (its docstring)",
-}
-PER_TASK = {  # at most MAX_PER_TASK events per task each
-    "base.py:log_task_mean": "a task mean's two states are made on the host and moved when the task's first value "
-    "of that name arrives",
-    "utilities/data.py:has_len_all_ranks": "Lightning checks the reloaded training loader's length (each task)",
-}
-MAX_PER_TASK = 8
 TASKS = 2
 
 
@@ -52,8 +41,8 @@ def _events(tmp_path: Path, learner: list[str], warmup: int) -> tuple[list[str],
 
 @pytest.mark.parametrize(
     ("learner", "warmup"),
-    [(QOA_WINDOW, 10), (BACKPROP, 2), (EWC, 2)],
-    ids=["qoa_window", "backprop", "ewc"],
+    [(QOA_WINDOW, 10), (BACKPROP, 2), (EWC, 2), (CBP, 2)],
+    ids=["qoa_window", "backprop", "ewc", "cbp"],
 )
 def test_training_steps_never_wait_for_the_device(tmp_path: Path, learner: list[str], warmup: int) -> None:
     events, steps = _events(tmp_path, learner, warmup)

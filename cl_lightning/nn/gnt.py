@@ -27,12 +27,20 @@ Quirks of the reference kept as options with the faithful default:
 All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_corrected_util_i``,
 ``mean_act_i``, ``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float),
 ``replaced_i`` (a running count)). Randomness comes from the generator passed to :meth:`step`.
+
+No host synchronisation per step: how many units a layer replaces depends only on how many are eligible, and that
+only on past replacement counts (every unit ages by one per step; a replaced unit restarts at 0). So the counts are
+kept on the host (:class:`_HostCounts`, rebuilt from ``age_i`` and ``to_replace_i`` on load) and the replaced units
+are the first ``count`` of the eligible units sorted by utility, with no device read. This equals the reference
+whenever the utilities are finite (a NaN utility sorts last among the eligible units here).
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -66,6 +74,35 @@ _UTILITIES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
     "contribution": contribution,
     "adaptable_contribution": adaptable_contribution,
 }
+
+
+@dataclass
+class _HostCounts:
+    """Host copy of what a layer's replacement count depends on: eligible units, the ages of the others, the carry."""
+
+    clock: int = 0  # steps tested
+    eligible: int = 0  # units with age > maturity threshold
+    young: deque[list[int]] = field(default_factory=deque)  # [clock at age 0, units], oldest first
+    carried: float = 0.0  # to_replace_i
+
+    def tick(self, threshold: int) -> int:
+        """One step older (``age += 1``): the young units now past ``threshold`` become eligible."""
+        self.clock += 1
+        while self.young and self.clock - self.young[0][0] > threshold:
+            self.eligible += self.young.popleft()[1]
+        return self.eligible
+
+    def replace(self, count: int) -> None:
+        """``count`` eligible units restart at age 0."""
+        self.eligible -= count
+        self.young.append([self.clock, count])
+
+    @classmethod
+    def from_ages(cls, age: Tensor, threshold: int, carried: float) -> _HostCounts:
+        """Rebuild from a layer's ages (read once, on load)."""
+        ages = Counter(age.tolist())
+        young = deque([-a, n] for a, n in sorted(ages.items(), reverse=True) if a <= threshold)
+        return cls(0, sum(n for a, n in ages.items() if a > threshold), young, carried)
 
 
 class GenerateAndTest(nn.Module):
@@ -113,6 +150,22 @@ class GenerateAndTest(nn.Module):
             self.register_buffer(f"age_{i}", torch.zeros(width, dtype=torch.long))
             self.register_buffer(f"to_replace_{i}", torch.zeros((), dtype=torch.float64))
             self.register_buffer(f"replaced_{i}", torch.zeros((), dtype=torch.long))
+        self._host = [_HostCounts(young=deque([[0, width]])) for width in hidden_sizes]
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
+        """Load the buffers, then rebuild the host counts from the ages and carried fractions (once per load)."""
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[arg-type]
+        self.sync_host()
+
+    def sync_host(self) -> None:
+        """Rebuild the host counts from the ``age_i`` and ``to_replace_i`` buffers: after loading them (done by
+        ``load_state_dict``) or writing them by hand."""
+        self._host = [
+            _HostCounts.from_ages(
+                self.buffer("age", i).cpu(), self.maturity_threshold, float(self.buffer("to_replace", i))
+            )
+            for i in range(self.num_layers)
+        ]
 
     def buffer(self, name: str, layer: int) -> Tensor:
         """The buffer ``name`` (``util``, ``age``, ...) of hidden layer ``layer``."""
@@ -141,13 +194,11 @@ class GenerateAndTest(nn.Module):
         if self.replacement_rate == 0:
             return empty
         tested = [self._test(i, layers[i], layers[i + 1], features[i], generator) for i in range(self.num_layers)]
-        counts = torch.stack([mask.sum() for mask, _ in tested]).tolist()  # the step's one host sync
         replaced = []
-        for i, ((mask, h_hat), count) in enumerate(zip(tested, counts, strict=True)):
-            if count == 0:
+        for i, (index, h_hat) in enumerate(tested):  # every layer tested before any is changed, as the reference
+            if index.numel() == 0:  # known on the host: no device read
                 replaced.append(empty[i])
                 continue
-            index = mask.nonzero().flatten()
             self._generate(i, layers[i], layers[i + 1], index, h_hat, generator)
             if isinstance(optimizer, AdamGnT):
                 optimizer.reset_state(layers[i].weight, index, 0)
@@ -159,10 +210,11 @@ class GenerateAndTest(nn.Module):
     def _test(
         self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor, gen: torch.Generator
     ) -> tuple[Tensor, Tensor]:
-        """Update ages and utilities of layer ``i`` and mark the units to replace (``test_features``)."""
+        """Update ages and utilities of layer ``i``; the units to replace, ascending (``test_features``), and ĥ."""
         eta = self.decay_rate
         age, util, mean_act = self.buffer("age", i), self.buffer("util", i), self.buffer("mean_act", i)
         age.add_(1)
+        eligible_count = self._host[i].tick(self.maturity_threshold)
         bc = 1 - eta ** age.to(util.dtype)  # (H,) Adam-style bias correction by age
         util.mul_(eta)
         mean_act.mul_(eta).add_(h.mean(0).to(util.dtype), alpha=1 - eta)
@@ -172,29 +224,32 @@ class GenerateAndTest(nn.Module):
         util.add_(_UTILITIES[self.utility](h.to(util.dtype), h_hat, out_mag, in_mag), alpha=1 - eta)
         corrected = self.buffer("bias_corrected_util", i)
         corrected.copy_(util / bc)
+        count = min(self._count(i, eligible_count, gen), eligible_count)
+        if count == 0:
+            return torch.zeros(0, dtype=torch.long, device=util.device), h_hat
         eligible = age > self.maturity_threshold
-        count = self._count(i, eligible.sum(), gen)
-        key = torch.where(eligible, corrected, torch.full_like(corrected, math.inf))
-        order = key.argsort(stable=True)  # lowest utility first, ties to the lower index
-        rank = torch.empty_like(order)
-        rank[order] = torch.arange(order.numel(), device=order.device)
-        mask = (rank < count) & eligible
-        util.masked_fill_(mask, 0)
-        mean_act.masked_fill_(mask, 0)
-        return mask, h_hat
+        by_util = corrected.argsort(stable=True)  # lowest utility first, ties to the lower index
+        order = by_util[(~eligible[by_util]).to(torch.int8).argsort(stable=True)]  # the eligible units first
+        index = order[:count].sort().values
+        util[index] = 0
+        mean_act[index] = 0
+        self._host[i].replace(count)
+        return index, h_hat
 
-    def _count(self, i: int, eligible: Tensor, gen: torch.Generator) -> Tensor:
-        """How many units of layer ``i`` to replace this step (a float64 tensor holding an integer)."""
-        expected = self.replacement_rate * eligible.to(torch.float64)
-        carried = self.buffer("to_replace", i)
-        carried.add_(expected)  # the reference accumulates in both modes
+    def _count(self, i: int, eligible: int, gen: torch.Generator) -> int:
+        """How many units of layer ``i`` to replace this step, from ``eligible`` units (host arithmetic, float64 as
+        the reference's Python floats; ``to_replace_i`` keeps the carried fraction for checkpoints)."""
+        host = self._host[i]
+        expected = self.replacement_rate * eligible
+        host.carried += expected  # the reference accumulates in both modes
         if self.accumulate:
-            count = carried.floor()
-            carried.sub_(count)
-            return count
-        draw = torch.rand((), generator=gen, dtype=torch.float64).to(expected.device)
-        rounded = ((draw <= expected) & (eligible > 0)).to(torch.float64)  # one unit with probability n < 1
-        return torch.where(expected < 1, rounded, expected.floor())
+            count = math.floor(host.carried)
+            host.carried -= count
+        else:
+            draw = float(torch.rand((), generator=gen, dtype=torch.float64))  # the CPU generator: a host value
+            count = int(draw <= expected and eligible > 0) if expected < 1 else math.floor(expected)
+        self.buffer("to_replace", i).fill_(host.carried)
+        return count
 
     def _generate(
         self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor, gen: torch.Generator
@@ -202,7 +257,7 @@ class GenerateAndTest(nn.Module):
         """Redraw incoming weights, zero incoming bias and outgoing weights, reset ages (``gen_new_features``)."""
         bound = _BOUNDS[self.init](layer.in_features, layer.out_features)
         fresh = torch.empty(index.numel(), layer.in_features).uniform_(-bound, bound, generator=gen)
-        layer.weight[index] = fresh.to(layer.weight)
+        layer.weight[index] = fresh.to(layer.weight.device, layer.weight.dtype, non_blocking=True)
         layer.bias[index] = 0
         if self.next_bias_correction:  # the reference's line, with ĥ read before the reset zeroed it
             consumer.bias.add_((consumer.weight[:, index] * h_hat[index].to(consumer.weight)).sum(1))
