@@ -21,7 +21,7 @@ if [[ $mode == gpu ]]; then
 else
   bench=(--gpu --device cpu --small --tasks 3 --threads 1)
   sync=(--device cpu --small)
-  limits=(300 300 300)
+  limits=(600 600 300)
 fi
 python3 -c "import torch; print('torch', torch.__version__, '| cuda', torch.cuda.is_available() and torch.cuda.get_device_name())"
 start=$(date +%s)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 
@@ -105,6 +106,7 @@ def main_(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
     args = p.parse_args(argv)
+    sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from main(), not from this command line
     torch.set_num_threads(args.threads)
     ms = cost(args.rounds, args.reps)
     print(f"training step (V1, 1 query x 990 supports): {ms[0]:.2f} ms")

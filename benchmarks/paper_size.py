@@ -16,6 +16,7 @@ Runs the first ``--tasks`` tasks of a config at its full size (default: QOA V1 o
     python benchmarks/paper_size.py --tasks 4 --config configs/qoa_pmnist.yaml --set model.init_args.online_queries=2
     python benchmarks/paper_size.py --gpu                         # CUDA, bf16-mixed: the GPU benchmark
     python benchmarks/paper_size.py --gpu --device cpu --small    # the GPU code path on CPU, tiny sizes (tests)
+    python benchmarks/paper_size.py --set model.init_args.compile=true    # QOA's training step compiled
 
 It only uses the CLI and Lightning hooks, so ``PYTHONPATH=<another checkout>`` times that checkout's code with the
 same yardstick (interleave runs to compare on a shared machine).
@@ -220,6 +221,7 @@ class PhaseTimer(Callback):
         per_pair = sum(2 * m.in_features * m.out_features for m in rest) + first.out_features  # + the broadcast add
         side = 2 * first.in_features * first.out_features  # factorised first layer, per query and per support (≈)
 
+        @torch.compiler.disable  # bookkeeping: a compiled training step must not trace (and guard on) it
         def hook(module: torch.nn.Module, args: tuple, out: torch.Tensor) -> None:
             q, s = args[0].shape[0], args[1].shape[0]
             flops = per_pair * q * s + side * (q + s)

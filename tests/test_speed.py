@@ -243,3 +243,23 @@ def test_evaluation_split_over_two_gloo_ranks_equals_one_process(tmp_path: Path)
         torch.testing.assert_close(split, single, rtol=1e-5, atol=1e-5)
         assert torch.equal(split.argmax(1), single.argmax(1))
         assert "use_distributed_sampler=false" in torch.load(f"{out}.err{rank}")
+
+
+def test_gpu_check_script_is_valid_bash() -> None:
+    """The GPU check (``bash benchmarks/gpu_paper_size.sh``, run when a GPU is lent) at least parses."""
+    import subprocess
+
+    script = Path(__file__).parents[1] / "benchmarks" / "gpu_paper_size.sh"
+    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow  # ~25 s on 2 busy cores: two tiny tasks of the paper-size config under the taint recorder
+def test_gpu_sync_check_runs_on_cpu_and_finds_no_sync(capsys: pytest.CaptureFixture[str]) -> None:
+    """The GPU check's sync count, in its CPU mode (the taint recorder of tests/sync_check.py): none per step."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import gpu_sync_check
+
+    result = gpu_sync_check.check(["--device", "cpu", "--small"])
+    assert result["steps"] >= 10
+    assert sum(result["events"].values()) == 0
+    assert "synchronisations: 0" in capsys.readouterr().out
