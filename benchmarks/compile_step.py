@@ -4,9 +4,10 @@ A step is what ``QueryOnlyAttention.training_step`` spends on learning: the quer
 (``query_loss``: forward through the pair scorer, loss), its backward and one fused Adam step, at the paper's V1
 size by default (1 query, 990 supports, scorer 108 → 100, 9 × 100 → 100, → 1). Both learners start from the same
 weights; each round times ``--steps`` steps of each, alternating which goes first, so a shared machine's load
-falls on both alike. Prints ms per step of each, and the compiled/eager ratio of each round (median and range).
+falls on both alike. Prints ms per step of each (on the CPU in CPU seconds of the process, so with one thread a
+loaded machine's descheduling does not count), and the compiled/eager ratio of each round (median and range).
 
-    python benchmarks/compile_step.py                       # V1 on the CPU, 2 threads, 5 rounds of 30 steps
+    python benchmarks/compile_step.py --threads 1           # V1 on the CPU, 5 rounds of 30 steps
     python benchmarks/compile_step.py --device cuda --mode reduce-overhead     # on a GPU (CUDA graphs)
 """
 
@@ -40,15 +41,17 @@ def _sync(device: str) -> None:
 
 
 def _steps(model: QueryOnlyAttention, opt: torch.optim.Optimizer, data: tuple, n: int, device: str) -> float:
+    """ms per step: wall time on CUDA, this process's CPU time on the CPU (what a loaded machine distorts least)."""
     qx, qy, sx, sy = data
+    clock = time.perf_counter if device.startswith("cuda") else time.process_time
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(n):
         opt.zero_grad()
         model.query_loss(qx, qy, sx, sy).backward()
         opt.step()
     _sync(device)
-    return (time.perf_counter() - start) / n * 1e3
+    return (clock() - start) / n * 1e3
 
 
 def main(argv: list[str] | None = None) -> dict[str, list[float]]:
