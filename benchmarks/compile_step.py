@@ -9,6 +9,7 @@ loaded machine's descheduling does not count), and the compiled/eager ratio of e
 
     python benchmarks/compile_step.py --threads 1           # V1 on the CPU, 5 rounds of 30 steps
     python benchmarks/compile_step.py --device cuda --mode reduce-overhead     # on a GPU (CUDA graphs)
+    python benchmarks/compile_step.py --small               # tiny sizes (the smoke test; compilation dominates)
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def main(argv: list[str] | None = None) -> dict[str, list[float]]:
     p.add_argument("--hidden", type=int, default=100)
     p.add_argument("--layers", type=int, default=9)
     p.add_argument("--mode", default="default", choices=["default", "reduce-overhead", "max-autotune"])
+    p.add_argument("--small", action="store_true", help="100 supports, a 16-wide 2-layer scorer, 2 rounds of 3 steps")
     args = p.parse_args(argv)
+    if args.small:
+        args.supports, args.hidden, args.layers, args.rounds, args.steps = 100, 16, 2, 2, 3
     torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(1)
     data = (

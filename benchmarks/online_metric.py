@@ -11,6 +11,7 @@ each incoming chunk from the newest ``support_size`` stored examples before the 
    with k queries per chunk, beside the binomial figure sqrt(p(1 − p) / (145 k)).
 
     python benchmarks/online_metric.py                      # both, 2 threads (~3 min on 2 busy cores)
+    python benchmarks/online_metric.py --small              # tiny sizes (the smoke test)
 """
 
 from __future__ import annotations
@@ -23,17 +24,17 @@ import time
 
 import torch
 
-from cl_lightning.cli import main
+from cl_lightning import cli
 from cl_lightning.learners import QueryOnlyAttention
 from cl_lightning.nn.optim import prefer_fused
 
 K_MAX = 16
 
 
-def cost(rounds: int, reps: int) -> dict[int, float]:
+def cost(rounds: int, reps: int, small: bool = False) -> dict[int, float]:
     """Median ms of the online prediction of k queries (k = 0 is one training step), V1 sizes, interleaved."""
     torch.manual_seed(0)
-    model = QueryOnlyAttention(support_size=1000)
+    model = QueryOnlyAttention(support_size=1000, **({"hidden": 16, "num_hidden_layers": 2} if small else {}))
     opt = prefer_fused(torch.optim.Adam(model.parameters(), lr=1e-4))
     gen = torch.Generator().manual_seed(0)
     sx, sy = torch.rand(1000, 49, generator=gen), torch.randint(0, 10, (1000,), generator=gen)
@@ -61,12 +62,13 @@ def cost(rounds: int, reps: int) -> dict[int, float]:
     return {k: statistics.median(v) for k, v in ms.items()}
 
 
-def noise(tasks: int) -> list[torch.Tensor]:
+def noise(tasks: int, small: bool = False) -> list[torch.Tensor]:
     """Per task, the ``(chunks, K_MAX)`` hits of a QOA V1 run on Permuted MNIST (buffer of 5,000 so it trains from
-    the first task; evaluation shrunk, monitors off)."""
+    the first task; evaluation shrunk, monitors off; ``small``: tasks of 1,200 images in chunks of 50)."""
+    tiny = ["--data.stream.init_args.train_size=1200", "--data.stream.init_args.chunk_size=50"] if small else []
     hits: list[list[torch.Tensor]] = [[] for _ in range(tasks)]
     with tempfile.TemporaryDirectory() as root:
-        cli = main(
+        run = cli.main(
             [
                 "--config=configs/qoa_pmnist.yaml",
                 f"--data.stream.init_args.num_tasks={tasks}",
@@ -80,12 +82,13 @@ def noise(tasks: int) -> list[torch.Tensor]:
                 "--trainer.accelerator=cpu",
                 "--trainer.enable_progress_bar=false",
                 "--trainer.enable_model_summary=false",
+                *tiny,
                 f"--trainer.logger.init_args.save_dir={root}",
                 f"--trainer.default_root_dir={root}",
             ],
             run=False,
         )
-        model = cli.model
+        model = run.model
         log_online = model.log_online
 
         def keep(pred: torch.Tensor, y: torch.Tensor, loss: torch.Tensor | None = None) -> None:
@@ -94,26 +97,29 @@ def noise(tasks: int) -> list[torch.Tensor]:
             log_online(pred, y, loss)
 
         model.log_online = keep  # type: ignore[method-assign]
-        cli.trainer.fit(model, cli.datamodule)
+        run.trainer.fit(model, run.datamodule)
     return [torch.stack(h) for h in hits if h]
 
 
-def main_(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run both measurements and print them."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--tasks", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--small", action="store_true", help="a 16-wide scorer, 2 tasks of 1,200 images (smoke test)")
     args = p.parse_args(argv)
+    if args.small:
+        args.tasks, args.rounds, args.reps = 2, 1, 2
     sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from main(), not from this command line
     torch.set_num_threads(args.threads)
-    ms = cost(args.rounds, args.reps)
+    ms = cost(args.rounds, args.reps, args.small)
     print(f"training step (V1, 1 query x 990 supports): {ms[0]:.2f} ms")
     for k in (1, 2, 4, 8):
         share = ms[k] / ms[0]
         print(f"online metric, {k} queries x 1,000 supports: {ms[k]:.2f} ms ({share:.2f} of a step)")
-    per_task = noise(args.tasks)
+    per_task = noise(args.tasks, args.small)
     for t, h in enumerate(per_task):
         chunks, p_hat = h.shape[0], float(h.mean())
         line = [f"task {t}: {chunks} chunks, online acc {p_hat:.3f}"]
@@ -125,4 +131,4 @@ def main_(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main_()
+    main(sys.argv[1:])

@@ -3,8 +3,10 @@ streamed plasticity rows, and the paper-size benchmark runs (its GPU code path o
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -263,3 +265,32 @@ def test_gpu_sync_check_runs_on_cpu_and_finds_no_sync(capsys: pytest.CaptureFixt
     assert result["steps"] >= 10
     assert sum(result["events"].values()) == 0
     assert "synchronisations: 0" in capsys.readouterr().out
+
+
+def _bench(name: str) -> ModuleType:
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    return __import__(name)
+
+
+@pytest.mark.slow  # ~17 s on 2 busy cores: two tiny Permuted-MNIST tasks with 16 online queries per chunk
+def test_online_metric_benchmark_runs_small(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+    _bench("online_metric").main(["--small", "--threads", "1"])
+    out = capsys.readouterr().out
+    shares = [float(s) for s in re.findall(r"ms \(([\d.]+) of a step\)", out)]
+    assert len(shares) == 4
+    assert all(s > 0 for s in shares)
+    rows = re.findall(r"task \d: (\d+) chunks, online acc ([\d.]+); k=1: SE ([\d.]+)", out)
+    assert len(rows) == 2
+    assert all(0 <= float(acc) <= 1 and float(se) >= 0 for _, acc, se in rows)
+    assert int(rows[1][0]) == 24  # 1,200 images in chunks of 50
+
+
+@pytest.mark.slow  # inductor compiles a tiny scorer's step: ~10-30 s
+def test_compile_step_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
+    ms = _bench("compile_step").main(["--small", "--threads", "1"])
+    assert [len(v) for v in ms.values()] == [2, 2]
+    assert all(v > 0 for values in ms.values() for v in values)
+    assert "compiled / eager: median" in capsys.readouterr().out
