@@ -11,7 +11,8 @@ tensor's value on the host, or a blocking host-to-device copy, is recorded with 
 that issued it.
 
 What it cannot see: host tensors made with ``device=<the CPU>`` count as device tensors (conservative), and a
-``.to(device)`` of a device tensor is taken as a move within the device.
+``.to(device)`` of a device tensor is taken as a move within the device. ``F.one_hot`` with ``num_classes`` reads
+the labels' minimum and maximum on the CPU only (on CUDA device asserts check them): its reads are not recorded.
 """
 
 from __future__ import annotations
@@ -132,6 +133,16 @@ class _Function(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
+        if func is torch.nn.functional.one_hot and (len(args) > 1 or "num_classes" in kwargs):
+            # with num_classes given, CUDA's one_hot checks the labels by device asserts; only the CPU reads them
+            active, self.rec.active = self.rec.active, False
+            try:
+                out = func(*args, **kwargs)
+            finally:
+                self.rec.active = active
+            if self.rec.is_device(args):
+                self.rec.mark(out)
+            return out
         out = func(*args, **kwargs)
         device = kwargs.get("device")
         on_device = device is not None and not (isinstance(device, str) and device.startswith("cpu"))

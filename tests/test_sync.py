@@ -1,5 +1,6 @@
 """No host-device synchronisation per training step (issue: the GPU path), checked on the CPU by taint tracking
-(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop, EWC and CBP after a warm-up."""
+(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop, EWC and CBP after a warm-up (kNN, full
+attention, parametric attention and MAML among the slow tests)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cl_lightning.cli import main
-from tests.helpers import BACKPROP, CBP, tiny_args
+from tests.helpers import BACKPROP, CBP, FULL_ATTENTION, KNN, MAML, PARAMETRIC, tiny_args
 from tests.sync_check import MAX_PER_TASK, PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
 
 QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes
@@ -41,12 +42,20 @@ def _events(tmp_path: Path, learner: list[str], warmup: int) -> tuple[list[str],
 
 @pytest.mark.parametrize(
     ("learner", "warmup"),
-    [(QOA_WINDOW, 10), (BACKPROP, 2), (EWC, 2), (CBP, 2)],
-    ids=["qoa_window", "backprop", "ewc", "cbp"],
+    [
+        pytest.param(QOA_WINDOW, 10, id="qoa_window"),
+        pytest.param(BACKPROP, 2, id="backprop"),
+        pytest.param(EWC, 2, id="ewc"),
+        pytest.param(CBP, 2, id="cbp"),
+        pytest.param(KNN, 4, id="knn", marks=pytest.mark.slow),  # ~10 s each on 2 busy cores
+        pytest.param(FULL_ATTENTION, 4, id="full_attention", marks=pytest.mark.slow),
+        pytest.param(PARAMETRIC, 4, id="parametric", marks=pytest.mark.slow),
+        pytest.param(MAML, 4, id="maml", marks=pytest.mark.slow),
+    ],
 )
 def test_training_steps_never_wait_for_the_device(tmp_path: Path, learner: list[str], warmup: int) -> None:
     events, steps = _events(tmp_path, learner, warmup)
-    assert steps >= 20  # the steps watched (2 tasks of 16 chunks, after the warm-up)
+    assert steps >= 10  # the steps watched (2 tasks of 16 chunks, MAML 8, after the warm-up)
     assert events == []
 
 

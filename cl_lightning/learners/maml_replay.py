@@ -147,7 +147,8 @@ class MAMLReplay(ReplayLearner):
         q_idx, s_idx = pseudo_task_sample(
             len(self.buffer), self.num_pseudo_tasks, self.support_size, self.query_size, gen
         )
-        (sx, sy), (qx, qy) = self.buffer.get(s_idx.to(self.device)), self.buffer.get(q_idx.to(self.device))
+        s_idx, q_idx = s_idx.to(self.device, non_blocking=True), q_idx.to(self.device, non_blocking=True)
+        (sx, sy), (qx, qy) = self.buffer.get(s_idx), self.buffer.get(q_idx)
         loss = self.meta_loss(sx, sy, qx, qy)
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss)
@@ -158,7 +159,8 @@ class MAMLReplay(ReplayLearner):
         x = x.flatten(1)
         gen = self.step_generator()
         self.log_online_from_memory(x, y)  # adapted_predict differentiates the inner loop even under no_grad
-        admit = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).to(x.device)
+        admitted = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).nonzero().flatten()  # on the host
+        admit = admitted.to(x.device, non_blocking=True)  # indices, not a mask: no device read
         x, y, task_id = x[admit], y[admit], task_id[admit]
         if self.update_on == "chunk":
             self.buffer.add(x, y, task_id)
