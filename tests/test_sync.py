@@ -94,3 +94,21 @@ def test_host_shadows_are_reread_from_a_loaded_state() -> None:
     assert torch.equal(target.buffer.labels(), source.buffer.labels())
     assert torch.equal(target.buffer.labels(), target.buffer.y[target.buffer.physical(torch.arange(50))])
     assert target.step_generator().initial_seed() == source.step_generator().initial_seed()
+
+
+@pytest.mark.parametrize("mode", ["fifo", "reservoir"])
+def test_host_labels_follow_the_stored_labels(mode: str) -> None:
+    """The host copy the window sampler reads equals the buffer's own labels after chunks larger and smaller than it."""
+    import torch
+
+    from cl_lightning.memory import ReplayBuffer
+
+    buf = ReplayBuffer(40, (3,), mode=mode)
+    buf.keep_host_labels()
+    gen = torch.Generator().manual_seed(0)
+    for n in (7, 30, 45, 13, 1, 60, 9):
+        y = torch.randint(0, 10, (n,), generator=gen)
+        buf.add(torch.rand(n, 3), y, torch.zeros(n, dtype=torch.long), gen, host_y=y.clone())
+        assert torch.equal(buf.labels(), buf.y[buf.physical(torch.arange(len(buf)))])
+        assert torch.equal(buf.labels(5, 25), buf.labels()[5:25])
+    assert int(buf.n_seen) == len(buf) + 125
