@@ -68,7 +68,7 @@ class QueryOnlyAttention(ReplayLearner):
             (inductor). The parameters and checkpoints are the module's own (no ``_orig_mod`` keys); evaluation and
             the online metric stay eager (their blocked path already runs at the matrix-product rate). Off by
             default: on the CPU a compiled V1 step costs 0.89 of an eager one (about 3 % of a paper-size task) after
-            a compilation of 5–75 s that every short run would pay (README, "The GPU path").
+            a compilation (27–29 s cold here) that every short run would pay (README, "The GPU path").
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
     """
