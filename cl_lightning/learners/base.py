@@ -17,7 +17,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from cl_lightning.contract import EvalBatch, StreamBatch, TaskType, metric_key
+from cl_lightning.contract import EvalBatch, StreamBatch, TaskType, metric_key, online_key
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 
@@ -133,7 +133,7 @@ class ContinualLearner(LightningModule, ABC):
         """Log the prequential metric of predictions made *before* learning from ``y`` (per-task mean)."""
         if pred.shape[0] == 0:
             return
-        self.log_task_mean(f"train/online_{self.metric_name}", self.score(pred.detach(), y), pred.shape[0])
+        self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
         if loss is not None:
             self.log_task_mean("train/loss", loss, pred.shape[0])
 
