@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import ObservedLearner
+from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
     exact_eigvals,
     flat_loss,
@@ -184,6 +185,8 @@ class HessianMonitor(Callback):
         except RuntimeError as err:  # e.g. a predict_episode that torch.func cannot transform
             self._give_up(f"torch.func could not differentiate predict_episode ({err})")
             return
+        finally:
+            release_free_heap()  # ~200 MB of HVP intermediates at paper size would otherwise stay resident
         for name, value in values.items():
             pl_module.log(name, value.float(), on_step=False, on_epoch=True, batch_size=1)
 

@@ -18,6 +18,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
 from cl_lightning.contract import EpisodeSource, ObservedLearner, require
+from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
     dead_unit_fraction,
     dormant_unit_fraction,
@@ -206,5 +207,7 @@ class PlasticityMonitor(Callback):
         if task % self.every_n_tasks:
             return
         episode = probe_episode(trainer, pl_module, task, self.probe_size)
-        for name, value in self.measure(pl_module, episode).items():
+        values = self.measure(pl_module, episode)
+        release_free_heap()  # the probe pass's transient blocks would otherwise stay resident all run
+        for name, value in values.items():
             pl_module.log(name, value.float(), on_step=False, on_epoch=True, batch_size=1)
