@@ -1,10 +1,17 @@
-"""Handing freed heap memory back to the operating system after a large transient allocation.
+"""Handing freed heap memory back to the operating system (glibc), so a long run's resident size tracks its tensors.
 
-glibc's ``malloc`` keeps freed blocks below its (dynamic, up to 32 MB) mmap threshold in the process heap for
-reuse, so after a monitor's one-off pass (the Hessian's forward-over-reverse products over a 100 × 1,000 episode
-allocate ~200 MB) the resident size stays at the high-water mark for the rest of the run. :func:`release_free_heap`
-asks glibc to return every free page (``malloc_trim(0)``: a few milliseconds); it changes no tensor and no number.
-On a C library without ``malloc_trim`` (macOS, musl) it does nothing.
+glibc's ``malloc`` serves blocks above its mmap threshold with their own mapping, returned on ``free``; below it,
+blocks come from the heap, whose free space stays resident. The threshold is dynamic: every freed mapping raises it
+to that block's size (up to 32 MB), so after the first large tensor is freed, every later tensor up to that size is
+heap-allocated and its pages stay after it dies. In a paper-size run a monitor's one-off pass (the Hessian's
+forward-over-reverse products over a 100 × 1,000 episode: ~120 MB of tensors) then leaves twice that resident.
+
+- :func:`fix_mmap_threshold` (the CLI calls it once): a fixed 4 MB threshold, so every tensor of 4 MB or more
+  (episode scores, generated tasks, the monitors' intermediates) is mapped and unmapped, while the training step's
+  small tensors keep the heap's reuse;
+- :func:`release_free_heap` (after a monitor's pass): ``malloc_trim(0)``, the heap's free pages back, a few ms.
+
+Neither changes a tensor or a number. With a C library other than glibc (macOS, musl) both do nothing.
 """
 
 from __future__ import annotations
@@ -13,20 +20,31 @@ import ctypes
 import ctypes.util
 from functools import cache
 
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
+MMAP_THRESHOLD = 4 << 20  # bytes
+
 
 @cache
-def _malloc_trim() -> ctypes._CFuncPtr | None:
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
         return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") and hasattr(libc, "mallopt") else None
+
+
+def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
+    """Serve every allocation of ``nbytes`` or more by its own mapping from now on (glibc ``mallopt``; this also
+    stops the threshold from drifting up). ``True`` if it was set."""
+    libc = _libc()
+    return bool(libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, nbytes))
 
 
 def release_free_heap() -> bool:
     """Return the heap's free pages to the operating system (glibc ``malloc_trim(0)``); ``True`` if it ran."""
-    trim = _malloc_trim()
-    if trim is None:
+    libc = _libc()
+    if libc is None:
         return False
-    trim(0)
+    libc.malloc_trim(0)
     return True

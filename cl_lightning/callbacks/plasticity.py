@@ -65,37 +65,45 @@ def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
 
 
 class StridedRows:
-    """Evenly strided rows of a stream of ``(n, units)`` blocks, in at most ``2 · max_rows`` rows of memory.
+    """Evenly strided rows of a stream of ``(n, units)`` blocks, in one preallocated ``(2 · max_rows, units)`` buffer.
 
-    Rows whose global index is a multiple of a stride ``s`` are kept; when more than ``2 · max_rows`` are kept, every
-    other one is dropped and ``s`` doubles. :meth:`rows` then takes ``max_rows`` evenly spaced rows of those kept.
-    A stream of at most ``2 · max_rows`` rows keeps them all, so the result is then exactly the evenly spaced
-    ``max_rows`` of the whole stream.
+    Rows whose global index is a multiple of a stride ``s`` are kept; when more than ``2 · max_rows`` would be kept,
+    every other one is dropped and ``s`` doubles. :meth:`rows` then takes ``max_rows`` evenly spaced rows of those
+    kept. A stream of at most ``2 · max_rows`` rows keeps them all, so the result is then exactly the evenly spaced
+    ``max_rows`` of the whole stream. The kept rows live in one buffer allocated at the first block: no per-block
+    copies interleaved with the forward pass's activations, which fragmented the heap (+0.15 to +0.5 GB resident
+    after one paper-size probe pass).
     """
 
     def __init__(self, max_rows: int) -> None:
         self.max_rows, self.stride, self.seen = max_rows, 1, 0
-        self.kept: list[Tensor] = []
+        self.buffer: Tensor | None = None  # (2 · max_rows, units) once the first block arrives
         self.count = 0
 
     def add(self, block: Tensor) -> None:
         """Take the rows of ``block`` (the next rows of the stream) whose index is a multiple of the stride."""
         first = (-self.seen) % self.stride
+        start = self.seen + first  # global index of the block's first kept row
         self.seen += block.shape[0]
         part = block[first :: self.stride]
-        if part.shape[0]:
-            self.kept.append(part.clone())  # clone: a strided view would keep the whole block alive
-            self.count += part.shape[0]
-        while self.count > 2 * self.max_rows:  # kept rows are at indices k·s: keep even k, double s
-            rows = torch.cat(self.kept)[::2].clone()
-            self.kept, self.count, self.stride = [rows], rows.shape[0], self.stride * 2
+        if self.buffer is None:
+            self.buffer = block.new_empty(2 * self.max_rows, block.shape[1])
+        while self.count + part.shape[0] > self.buffer.shape[0]:  # kept rows are at k·s: keep even k, double s
+            half = self.buffer[: self.count : 2].clone()
+            self.buffer[: half.shape[0]] = half
+            self.count = half.shape[0]
+            part = part[(start // self.stride) % 2 :: 2]  # the block's rows at multiples of the doubled stride
+            start += self.stride * ((start // self.stride) % 2)
+            self.stride *= 2
+        self.buffer[self.count : self.count + part.shape[0]] = part
+        self.count += part.shape[0]
 
     def rows(self) -> Tensor:
         """At most ``max_rows`` evenly spaced rows of those kept, as ``(rows, units)``."""
-        rows = torch.cat(self.kept)
+        rows = self.buffer[: self.count] if self.buffer is not None else torch.empty(0, 0)
         if rows.shape[0] > self.max_rows:  # evenly strided rows: a pair scorer's rows run query by query
             rows = rows[torch.linspace(0, rows.shape[0] - 1, self.max_rows, device=rows.device).long()]
-        return rows
+        return rows.clone()
 
 
 class PlasticityMonitor(Callback):
