@@ -390,10 +390,11 @@ def report(m: dict[str, Any]) -> str:
         if every and every > 1 and t0.get(name):
             extra += (n / every) * max(0.0, t0[name] - mean(name))
     projected = n * wall + extra
-    peak = (
-        f"peak RSS {m['peak_rss_mb']:.0f} MB (after importing torch and Lightning: {m['import_rss_mb']:.0f} MB, "
-        f"{m['import_rss_mb'] - m['import_anon_mb']:.0f} MB of it shared library pages); "
-        f"peak anonymous memory {m['peak_anon_mb']:.0f} MB, {m['peak_anon_mb'] - m['import_anon_mb']:.0f} MB above "
+    peak = (  # VmHWM counts every resident page, shared library code included; RssAnon only the process's own
+        f"peak RSS {m['peak_rss_mb']:.0f} MB (VmHWM, every resident page; {m['import_rss_mb']:.0f} MB were resident "
+        f"after importing torch and Lightning, {m['import_rss_mb'] - m['import_anon_mb']:.0f} MB of it shared library "
+        f"pages, so the run added {m['peak_rss_mb'] - m['import_rss_mb']:.0f} MB); peak anonymous memory (RssAnon, "
+        f"sampled every 10 ms) {m['peak_anon_mb']:.0f} MB, {m['peak_anon_mb'] - m['import_anon_mb']:.0f} MB above "
         "the imports"
     )
     if m["cuda_peak_mb"] is not None:
