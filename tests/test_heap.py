@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from itertools import pairwise
 
 import pytest
 import torch
 
+from cl_lightning.callbacks.plasticity import StridedRows
 from cl_lightning.heap import release_free_heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc, /proc/self/status")
@@ -60,3 +62,39 @@ def test_freed_small_tensors_leave_the_heap_after_release() -> None:
     release_free_heap()
     assert _anon_mb() - before < 30
     del keep
+
+
+def _strided_rows_reference(blocks: list[torch.Tensor], max_rows: int) -> torch.Tensor:
+    """The first StridedRows: a list of per-block copies, concatenated and halved when over 2 · max_rows."""
+    kept: list[torch.Tensor] = []
+    stride, seen, count = 1, 0, 0
+    for block in blocks:
+        first = (-seen) % stride
+        seen += block.shape[0]
+        part = block[first::stride]
+        if part.shape[0]:
+            kept.append(part.clone())
+            count += part.shape[0]
+        while count > 2 * max_rows:
+            rows = torch.cat(kept)[::2].clone()
+            kept, count, stride = [rows], rows.shape[0], stride * 2
+    rows = torch.cat(kept)
+    if rows.shape[0] > max_rows:
+        rows = rows[torch.linspace(0, rows.shape[0] - 1, max_rows).long()]
+    return rows
+
+
+def test_strided_rows_in_one_buffer_keep_the_rows_of_the_list_version() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        max_rows = int(torch.randint(1, 70, (1,), generator=gen))
+        total = int(torch.randint(1, 3000, (1,), generator=gen))
+        data, biggest = torch.randn(total, 5, generator=gen), int(torch.randint(1, 400, (1,), generator=gen))
+        cuts = torch.randint(1, biggest + 1, (total,), generator=gen).cumsum(0)
+        edges = [0, *[int(c) for c in cuts if c < total], total]
+        blocks = [data[lo:hi] for lo, hi in pairwise(edges)]
+        sampler = StridedRows(max_rows)
+        for block in blocks:
+            sampler.add(block)
+            assert sampler.count <= 2 * max_rows
+        assert torch.equal(sampler.rows(), _strided_rows_reference(blocks, max_rows))
