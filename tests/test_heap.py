@@ -9,28 +9,31 @@ from itertools import pairwise
 import pytest
 import torch
 
+from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.callbacks.plasticity import StridedRows
-from cl_lightning.heap import release_free_heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc, /proc/self/status")
 
-# A fresh process: 20 tensors of 8 MB, each followed by a small long-lived one (so the big ones are not at the heap's
-# top), after one freed 16 MB tensor (which raises glibc's dynamic mmap threshold to 16 MB). Prints the anonymous
-# memory still resident after the big ones die, in MB.
-RETAINED = """
+# A fresh process: after one freed 16 MB tensor (with glibc's dynamic threshold this raises the mmap threshold to
+# 16 MB), how many bytes of one new 8 MB tensor live in mmapped blocks (glibc ``mallinfo2().hblkhd``): those pages
+# are returned to the OS the moment the tensor dies, heap pages are not.
+MAPPED = """
+import ctypes
 import torch
-from cl_lightning.heap import fix_mmap_threshold
-def anon():
-    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("RssAnon")) / 1024
+from cl_lightning.callbacks.heap import fix_mmap_threshold
+
+class Info(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks "
+                "fordblks keepcost".split()]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Info
 if {fix}:
     assert fix_mmap_threshold()
 torch.ones(4 << 20).sum()
-before, big, small = anon(), [], []
-for _ in range(20):
-    big.append(torch.ones(2 << 20))
-    small.append(torch.ones(1024))
-del big
-print(anon() - before)
+before = libc.mallinfo2().hblkhd
+x = torch.ones(2 << 20)
+print((libc.mallinfo2().hblkhd - before) / 2**20)
 """
 
 
@@ -39,16 +42,16 @@ def _anon_mb() -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("RssAnon")) / 1024
 
 
-def _retained_mb(fix: bool) -> float:
-    out = subprocess.run([sys.executable, "-c", RETAINED.format(fix=fix)], capture_output=True, text=True, check=True)
+def _mapped_mb(fix: bool) -> float:
+    out = subprocess.run([sys.executable, "-c", MAPPED.format(fix=fix)], capture_output=True, text=True, check=True)
     return float(out.stdout.split()[-1])
 
 
-def test_a_fixed_mmap_threshold_unmaps_large_tensors_when_they_die() -> None:
+def test_a_fixed_mmap_threshold_maps_large_tensors() -> None:
     if not release_free_heap():
         pytest.skip("not glibc")
-    assert _retained_mb(fix=False) > 100  # the dynamic threshold: 160 MB of dead tensors stay resident
-    assert _retained_mb(fix=True) < 20
+    assert _mapped_mb(fix=False) == 0  # the dynamic threshold: the 8 MB tensor sits on the heap
+    assert _mapped_mb(fix=True) >= 8  # fixed at 4 MB: its own mapping, unmapped when it dies
 
 
 def test_freed_small_tensors_leave_the_heap_after_release() -> None:

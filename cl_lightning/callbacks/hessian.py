@@ -26,9 +26,9 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import ObservedLearner
-from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
     exact_eigvals,
     flat_loss,

@@ -17,8 +17,8 @@ from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 
+from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.contract import EpisodeSource, ObservedLearner, require
-from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
     dead_unit_fraction,
     dormant_unit_fraction,
