@@ -242,6 +242,7 @@ def quiet() -> None:
     # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
     # calls the deprecated torch.jit.script internally: library mismatches, not ours. Replay learners keep a chunk's
     # host labels in their own on_before_batch_transfer (no device read per step), deliberately beside a data module.
+    # A warm-up task evaluates nothing: its validation loader is empty on purpose.
     for message in (
         ".*overridden `on_before_batch_transfer` in `LightningModule` but have passed in a `LightningDataModule`.*",
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
@@ -249,6 +250,7 @@ def quiet() -> None:
         ".*`IterableDataset` has `__len__` defined.*",
         ".*smaller than the logging interval.*",
         ".*`torch.jit.script` is deprecated.*",
+        ".*Total length of `DataLoader` across ranks is zero.*",
     ):
         warnings.filterwarnings("ignore", message=message)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):

@@ -183,18 +183,30 @@ class ObservedLearner(Protocol):
 
 @runtime_checkable
 class EpisodeSource(Protocol):
-    """What a callback or a task-aware learner may ask of the data module (the ``StreamDataModule`` has all of it)."""
+    """What a callback or a task-aware learner may ask of the data module (the ``StreamDataModule`` has all of it).
+
+    Two numberings: epochs count every task of the stream (``num_tasks``, the first ``warmup_tasks`` of them
+    warm-up tasks that are never evaluated); evaluation counts the evaluated tasks from 0 (``probe_tasks``,
+    :meth:`episode`, the ``task_{j}`` of the log keys). :meth:`evaluated_task` maps an epoch to its evaluated task.
+    """
 
     num_tasks: int
+    warmup_tasks: int
+    num_evaluated_tasks: int
     probe_tasks: list[int]
     eval_queries: int | None
 
+    def evaluated_task(self, epoch: int) -> int | None:
+        """The evaluated task trained in ``epoch`` (``epoch − warmup_tasks``), or ``None`` in a warm-up epoch."""
+        ...
+
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
-        """``task``'s evaluation episode with the data module's context size and the first ``num_queries`` queries."""
+        """Evaluated task ``task``'s episode with the data module's context size and the first ``num_queries``
+        queries."""
         ...
 
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
-        """``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
+        """Epoch ``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
         ...
 
 

@@ -124,7 +124,8 @@ class ForgettingMonitor(Callback):
     ``K`` times): ``forgetting/acc_matrix`` (``mse_matrix`` for regression; heatmap of R with the init row) and
     ``forgetting/curves`` (forward and backward score after every task, and each probe task's column of R over
     training). It also keeps the per-task forward and backward scores (``eval/forward_{m}``,
-    ``eval/backward_{m}``) for the curves.
+    ``eval/backward_{m}``) for the curves. Tasks are evaluated tasks (the data module's numbering): warm-up tasks
+    have no row, column or curve point, and curve point ``e`` is stream task ``warmup_tasks + e``.
 
     Cost knobs: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this
     callback runs), ``plot`` and ``plot_budget`` (drawing two figures takes ~0.5 s of matplotlib: on a short run
@@ -165,7 +166,7 @@ class ForgettingMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
         dm: EpisodeSource = trainer.datamodule
         self.probe_tasks = list(dm.probe_tasks)
-        k, t = len(self.probe_tasks), dm.num_tasks
+        k, t = len(self.probe_tasks), dm.num_evaluated_tasks  # warm-up tasks have no row, column or curve point
         self.matrix = torch.full((k, k), math.nan, dtype=torch.float64)
         self.baseline = torch.full((k,), math.nan, dtype=torch.float64)
         self.forward = torch.full((t,), math.nan, dtype=torch.float64)
@@ -223,7 +224,10 @@ class ForgettingMonitor(Callback):
         """Collect this task's forward/backward scores and, after a probe task, its row of ``R``; log."""
         if trainer.sanity_checking or not self.forward.numel():
             return
-        task, m, logged = trainer.current_epoch, pl_module.metric_name, trainer.callback_metrics
+        dm: EpisodeSource = trainer.datamodule
+        task, m, logged = dm.evaluated_task(trainer.current_epoch), pl_module.metric_name, trainer.callback_metrics
+        if task is None:  # a warm-up task: nothing was evaluated
+            return
         curves = (
             (self.forward, metric_key(EvalSlot("forward"), m)),
             (self.backward, metric_key(EvalSlot("backward"), m)),

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
-from cl_lightning.contract import ObservedLearner
+from cl_lightning.contract import EpisodeSource, ObservedLearner
 from cl_lightning.metrics import (
     exact_eigvals,
     flat_loss,
@@ -93,7 +93,7 @@ class HessianMonitor(Callback):
 
     Args:
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).
-        every_n_tasks: Measure after every n-th task (task 0 included).
+        every_n_tasks: Measure after every n-th evaluated task (task 0 included; warm-up tasks never).
         num_queries: Held-out queries of the current task in the loss (paper: 100 for QOA, 2,000 for BP).
         parameters: Names (``named_parameters``) of the block; None: the learner's ``output_layer()`` for
             ``"exact"``, every trainable parameter for ``"lanczos"``.
@@ -173,8 +173,9 @@ class HessianMonitor(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """After every n-th task: measure on the current task's held-out queries and log."""
-        task = trainer.current_epoch
-        if task % self.every_n_tasks or self._skip:
+        source: EpisodeSource = trainer.datamodule
+        task = source.evaluated_task(trainer.current_epoch)  # None in a warm-up epoch: nothing to probe
+        if task is None or task % self.every_n_tasks or self._skip:
             return
         if not self.block(pl_module):
             self._give_up("the learner has no parameter block to differentiate (no output_layer() / parameters)")

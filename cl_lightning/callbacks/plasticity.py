@@ -131,7 +131,7 @@ class PlasticityMonitor(Callback):
     ``max_rows × units`` per layer per measurement; about one evaluation episode's cost).
 
     Args:
-        every_n_tasks: Measure at the start of every n-th task (task 0 included).
+        every_n_tasks: Measure at the start of every n-th evaluated task (task 0 included; warm-up tasks never).
         probe_size: Held-out queries of the current task in the probe batch (LoP: 2,000 inputs).
         max_rows: Rows kept per layer (a pair scorer sees queries × supports rows); evenly strided beyond it.
         dormant_tau: Sokar's dormancy threshold τ on the normalised mean activation.
@@ -211,8 +211,9 @@ class PlasticityMonitor(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """At the start of every n-th task: probe the current task and log."""
-        task = trainer.current_epoch
-        if task % self.every_n_tasks:
+        source: EpisodeSource = trainer.datamodule
+        task = source.evaluated_task(trainer.current_epoch)  # None in a warm-up epoch: nothing to probe
+        if task is None or task % self.every_n_tasks:
             return
         episode = probe_episode(trainer, pl_module, task, self.probe_size)
         values = self.measure(pl_module, episode)

@@ -14,6 +14,13 @@ Evaluation after task ``t``:
   lag 5 on image streams and the mean over lags 1..5 on slowly changing regression);
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
+
+Warm-up tasks (the stream's ``warmup_tasks`` = W, the paper's five): epochs ``0..W−1`` train on the warm-up tasks'
+whole data and evaluate nothing. Everything about evaluation counts the **evaluated** tasks from 0: evaluated task
+``e`` is stream task ``W + e``, trained in epoch ``W + e``; the probe tasks, the log keys' ``task_{j}``, the
+forward/backward curves and the monitors' task indices are evaluated tasks, as the paper's plots start at its
+sixth task. Epochs (Lightning's ``epoch`` scalar in TensorBoard, checkpoint names) stay stream tasks: evaluated task
+``e`` is logged at epoch ``W + e``. :meth:`StreamDataModule.evaluated_task` is the one translation.
 """
 
 from __future__ import annotations
@@ -35,12 +42,12 @@ class ChunkDataset(IterableDataset):
         self.stream, self.task, self.rank, self.world_size = stream, task, rank, world_size
 
     def __len__(self) -> int:
-        """Chunks per task."""
-        return self.stream.num_chunks
+        """Chunks of this task (a warm-up task has its held-out queries' chunks too)."""
+        return self.stream.task_num_chunks(self.task)
 
     def __iter__(self) -> Iterator[StreamBatch]:
         """Yield ``StreamBatch`` chunks, this rank's equal share of each."""
-        for i in range(self.stream.num_chunks):
+        for i in range(len(self)):
             x, y, t = self.stream.chunk(self.task, i)
             end = x.shape[0] - x.shape[0] % self.world_size  # equal shares: drop the last B mod W examples
             sl = slice(self.rank, end, self.world_size)
@@ -48,7 +55,7 @@ class ChunkDataset(IterableDataset):
 
 
 class EpisodeDataset(IterableDataset):
-    """The evaluation episodes, one per item: ``(task, slots its score is logged under)``.
+    """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``.
 
     Iterable, so Lightning does not shard it under DDP: every rank evaluates every episode and logs the same keys
     (scores averaged over the ranks), never a key that only another rank has.
@@ -58,6 +65,7 @@ class EpisodeDataset(IterableDataset):
         self, stream: TaskStream, items: list[tuple[int, list[EvalSlot]]], context_size: int, queries: int | None
     ) -> None:
         self.stream, self.items, self.context_size, self.queries = stream, items, context_size, queries
+        self.offset = stream.warmup_tasks  # evaluated task e is stream task offset + e
 
     def __len__(self) -> int:
         """Number of episodes."""
@@ -66,7 +74,8 @@ class EpisodeDataset(IterableDataset):
     def __iter__(self) -> Iterator[EvalBatch]:
         """The episodes, their tasks and the slots the learner logs their scores under."""
         for task, slots in self.items:
-            yield EvalBatch(self.stream.episode(task, self.context_size, self.queries), task, tuple(slots))
+            episode = self.stream.episode(self.offset + task, self.context_size, self.queries)
+            yield EvalBatch(episode, task, tuple(slots))
 
 
 def _identity(item: Any) -> Any:
@@ -82,7 +91,7 @@ class StreamDataModule(LightningDataModule):
         eval_queries: Held-out queries per episode (``None``: all of them).
         backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
-        num_probe_tasks: Tasks in the accuracy-matrix probe set (0 switches the matrix off).
+        num_probe_tasks: Evaluated tasks in the accuracy-matrix probe set (0 switches the matrix off).
         num_workers: DataLoader workers for the training chunks.
     """
 
@@ -104,8 +113,8 @@ class StreamDataModule(LightningDataModule):
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = lags, num_workers
-        k = min(num_probe_tasks, stream.num_tasks)
-        self.probe_tasks = sorted({round(i * (stream.num_tasks - 1) / max(1, k - 1)) for i in range(k)}) if k else []
+        n, k = self.num_evaluated_tasks, min(num_probe_tasks, self.num_evaluated_tasks)
+        self.probe_tasks = sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)}) if k else []
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -124,8 +133,22 @@ class StreamDataModule(LightningDataModule):
 
     @property
     def num_tasks(self) -> int:
-        """Tasks in the stream: the run's number of epochs."""
+        """Tasks in the stream, warm-up ones included: the run's number of epochs."""
         return self.stream.num_tasks
+
+    @property
+    def warmup_tasks(self) -> int:
+        """The stream's warm-up tasks: the first epochs, never evaluated."""
+        return self.stream.warmup_tasks
+
+    @property
+    def num_evaluated_tasks(self) -> int:
+        """Tasks that are evaluated: ``num_tasks − warmup_tasks``, numbered from 0."""
+        return self.stream.num_tasks - self.stream.warmup_tasks
+
+    def evaluated_task(self, epoch: int) -> int | None:
+        """The evaluated task trained in ``epoch`` (``epoch − warmup_tasks``), or ``None`` in a warm-up epoch."""
+        return epoch - self.warmup_tasks if epoch >= self.warmup_tasks else None
 
     def prepare_data(self) -> None:
         """Load or fetch the benchmark's files once."""
@@ -164,23 +187,30 @@ class StreamDataModule(LightningDataModule):
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
-        """``task``'s evaluation episode: the first ``context_size`` training examples as context and the first
+        """Evaluated task ``task``'s episode: the first ``context_size`` training examples as context and the first
         ``num_queries`` held-out queries (all with ``None``), on the CPU."""
-        return self.stream.episode(task, self.context_size, num_queries)
+        if not 0 <= task < self.num_evaluated_tasks:
+            raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
+        return self.stream.episode(self.warmup_tasks + task, self.context_size, num_queries)
 
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
-        """``task``'s whole training portion in arrival order, chunk by chunk, cut after ``max_examples`` (every
-        rank sees all of it: a task-aware learner such as EWC computes the same statistics on every rank)."""
-        budget = self.stream.train_size if max_examples is None else max_examples
-        for i in range(self.stream.num_chunks):
+        """Stream task ``task``'s (epoch ``task``'s) whole training portion in arrival order, chunk by chunk, cut after
+        ``max_examples`` (every rank sees all of it: a task-aware learner such as EWC computes the same statistics
+        on every rank). A warm-up task's portion includes its held-out queries, as its training did."""
+        budget = self.stream.task_train_size(task) if max_examples is None else max_examples
+        for i in range(self.stream.task_num_chunks(task)):
             if budget <= 0:
                 return
             x, y, t = self.stream.chunk(task, i)
             yield StreamBatch(x[:budget], y[:budget], t[:budget])
             budget -= x.shape[0]
 
-    def eval_items(self, task: int) -> list[tuple[int, list[EvalSlot]]]:
-        """The episodes evaluated after training on ``task`` and the slots each score is logged under."""
+    def eval_items(self, epoch: int) -> list[tuple[int, list[EvalSlot]]]:
+        """The evaluated tasks whose episodes are scored after epoch ``epoch`` and the slots each score is logged
+        under (none after a warm-up epoch)."""
+        task = self.evaluated_task(epoch)
+        if task is None:
+            return []
         items: dict[int, list[EvalSlot]] = {task: [EvalSlot("forward")]}
         for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
             if task >= lag:
@@ -200,5 +230,5 @@ class StreamDataModule(LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         """Every probe task's episode (the last row of the accuracy matrix), or the last task's."""
-        tasks = self.probe_tasks or [self.num_tasks - 1]
+        tasks = self.probe_tasks or [self.num_evaluated_tasks - 1]
         return self._episodes([(j, [EvalSlot("final", j)]) for j in tasks])

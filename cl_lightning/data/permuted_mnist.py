@@ -28,6 +28,8 @@ class PermutedMNIST(TaskStream):
         seed: Stream seed; task ``t`` depends on ``(seed, t)`` only.
         data_root: Folder with the MNIST IDX files; ``None`` uses the copy shipped with the package.
         download: Let torchvision download MNIST into ``data_root`` if it is missing there.
+        warmup_tasks: The first tasks, trained on their ``train_size + query_size`` images (training stream, then
+            the held-out ones) and never evaluated (paper: 5, each on all 60,000: 150 chunks of 400; default 0).
     """
 
     task_type = "classification"
@@ -43,8 +45,9 @@ class PermutedMNIST(TaskStream):
         seed: int = 0,
         data_root: str | None = None,
         download: bool = False,
+        warmup_tasks: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
+        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
         if image_size < 1 or image_size > 28:
             raise ValueError(f"image_size must be in 1..28, got {image_size}")
         if train_size < 1 or query_size < 1:

@@ -17,8 +17,9 @@ boundary: by default all 15 slow bits are redrawn uniformly (``prob.json`` of bo
 ``flip_one_prob.json`` variant, the one his Extended Data Fig. 2 describes). The first ``train_size`` steps
 (9,000) are streamed for training in arrival order, one example per chunk; the last ``query_size`` (1,000) are
 held out. The evaluation context of a task is the ``context_size`` steps just before its held-out block (paper:
-100), i.e. the end of its training portion. The authors' five warm-up tasks that also train on their held-out
-block are not reproduced: every task here holds its queries out.
+100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option: a
+warm-up task streams all ``train_size + query_size`` steps (10,000) for training in arrival order and is never
+evaluated; evaluated task 0 is stream task ``warmup_tasks`` (configs/suites/scr_cpu.yaml takes 5).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def ltu_target(x: Tensor, weight: Tensor, bias: Tensor, out_weight: Tensor, out_
         out_weight: Output weights ``(1, K)``.
         out_bias: Output bias ``(1,)``.
         beta: LTU threshold parameter (0.7 in both papers' configs).
+        warmup_tasks: The first tasks, trained on all ``train_size + query_size`` points in arrival order and never
+            evaluated (paper: 5, each on all 10,000 points; default 0).
     """
     features = (x @ weight.T + bias > ltu_thresholds(weight, bias, beta)).to(x.dtype)  # (N, K)
     return features @ out_weight.T + out_bias  # (N, 1)
@@ -91,8 +94,9 @@ class SlowlyChangingRegression(TaskStream):
         beta: float = 0.7,
         drift: DriftName = "redraw_all",
         seed: int = 0,
+        warmup_tasks: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
+        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
         if train_size < 1 or query_size < 1:
             raise ValueError(f"train_size and query_size must be positive, got {train_size}, {query_size}")
         if chunk_size > train_size:

@@ -3,6 +3,12 @@
 A stream is cheap to construct, knows its shapes, and regenerates any task from ``(seed, task)``: nothing per
 task is stored, so task 7,499 costs what task 0 costs and a resumed run sees exactly the data an uninterrupted
 run would.
+
+Warm-up tasks (the paper's code, ``past_task_offset`` = 5): the first ``warmup_tasks`` tasks train on their whole
+data, the held-out queries appended after the training portion (on slowly changing regression all 10,000 points in
+arrival order, on Permuted MNIST all 60,000 images: 150 chunks of 400 instead of 145), and are never evaluated. The
+stream numbers every task (warm-up ones included: epoch ``t`` trains stream task ``t``); the data module numbers the
+evaluated tasks from 0, so evaluated task ``e`` is stream task ``warmup_tasks + e`` (docs/protocol.md §2).
 """
 
 from __future__ import annotations
@@ -44,18 +50,28 @@ class TaskStream(ABC):
         chunk_size: Examples per training chunk (one learner step per chunk).
         seed: Seed of the stream; task ``t`` is a pure function of ``(seed, t)``.
         cache_tasks: How many generated tasks to keep in memory (the current one and a few evaluated ones).
+        warmup_tasks: The first tasks that train on all their data (held-out queries included) and are never
+            evaluated (paper: 5; default 0). At least one task must remain to evaluate.
     """
 
     input_shape: tuple[int, ...]
     num_outputs: int
     task_type: TaskType
 
-    def __init__(self, num_tasks: int, chunk_size: int, seed: int = 0, cache_tasks: int = 4) -> None:
+    def __init__(
+        self, num_tasks: int, chunk_size: int, seed: int = 0, cache_tasks: int = 4, warmup_tasks: int = 0
+    ) -> None:
         if num_tasks < 1:
             raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        if not 0 <= warmup_tasks < num_tasks:
+            raise ValueError(
+                f"warmup_tasks must be in 0..num_tasks - 1 = {num_tasks - 1} (at least one task is evaluated), "
+                f"got {warmup_tasks}"
+            )
         self.num_tasks = num_tasks
+        self.warmup_tasks = warmup_tasks
         self.chunk_size = chunk_size
         self.seed = seed
         self._cache: OrderedDict[int, TaskData] = OrderedDict()
@@ -64,7 +80,7 @@ class TaskStream(ABC):
     @property
     @abstractmethod
     def train_size(self) -> int:
-        """Training examples per task."""
+        """Training examples per evaluated task (a warm-up task trains on its held-out queries too)."""
 
     @abstractmethod
     def generate(self, task: int) -> TaskData:
@@ -74,13 +90,20 @@ class TaskStream(ABC):
         """Fetch or check the data on disk (called once, on rank 0); the default has nothing to fetch."""
 
     def task(self, task: int) -> TaskData:
-        """Task ``task``, generated on first use and kept in a small LRU cache."""
+        """Task ``task``, generated on first use and kept in a small LRU cache.
+
+        A warm-up task's training portion is its whole data: the generated training portion, then its held-out
+        queries (which it also keeps as queries).
+        """
         if not 0 <= task < self.num_tasks:
             raise IndexError(f"task {task} outside the stream's 0..{self.num_tasks - 1}")
         if task in self._cache:
             self._cache.move_to_end(task)
             return self._cache[task]
         data = self.generate(task)
+        if task < self.warmup_tasks:
+            train_x, train_y = torch.cat([data.train_x, data.query_x]), torch.cat([data.train_y, data.query_y])
+            data = TaskData(train_x, train_y, data.query_x, data.query_y)
         self._cache[task] = data
         while len(self._cache) > self._cache_tasks:
             self._cache.popitem(last=False)
@@ -88,11 +111,19 @@ class TaskStream(ABC):
 
     @property
     def num_chunks(self) -> int:
-        """Training chunks per task (the last one may be shorter)."""
+        """Training chunks per evaluated task (the last one may be shorter)."""
         return math.ceil(self.train_size / self.chunk_size)
 
+    def task_train_size(self, task: int) -> int:
+        """Training examples of stream task ``task``: ``train_size``, plus the held-out queries on a warm-up task."""
+        return self.task(task).train_x.shape[0] if task < self.warmup_tasks else self.train_size
+
+    def task_num_chunks(self, task: int) -> int:
+        """Training chunks of stream task ``task`` (the last one may be shorter)."""
+        return math.ceil(self.task_train_size(task) / self.chunk_size)
+
     def chunk(self, task: int, index: int) -> StreamBatch:
-        """Chunk ``index`` of task ``task``'s training portion, in arrival order."""
+        """Chunk ``index`` of task ``task``'s training portion (a warm-up task's whole data), in arrival order."""
         data = self.task(task)
         lo = index * self.chunk_size
         x, y = data.train_x[lo : lo + self.chunk_size], data.train_y[lo : lo + self.chunk_size]

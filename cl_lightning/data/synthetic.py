@@ -27,6 +27,7 @@ class SyntheticClasses(TaskStream):
         permute_labels: Give each task its own relabelling of the blobs.
         permute_inputs: Give each task its own permutation of the input dimensions.
         seed: Stream seed.
+        warmup_tasks: The first tasks, trained on their held-out queries too and never evaluated.
     """
 
     task_type = "classification"
@@ -43,8 +44,9 @@ class SyntheticClasses(TaskStream):
         permute_labels: bool = True,
         permute_inputs: bool = False,
         seed: int = 0,
+        warmup_tasks: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
+        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
         if num_classes < 2 or input_dim < 1 or train_size < 1 or query_size < 1:
             raise ValueError("num_classes >= 2 and positive input_dim, train_size and query_size are required")
         if chunk_size > train_size:
