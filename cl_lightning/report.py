@@ -2,7 +2,8 @@
 
 Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
 through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins), and writes
-``<suite>/report/``:
+``<suite>/report/``. Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch ``W + e`` is
+task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up tasks).
 
 - ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
   experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
@@ -51,16 +52,17 @@ def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in wanted}
 
 
-def per_task(scalars: dict[str, dict[int, float]], num_tasks: int) -> dict[str, np.ndarray]:
-    """``{tag: (num_tasks,) array}``: each value at the task (Lightning's ``epoch`` scalar at the same step) it was
-    logged for, NaN where a tag was not logged (backward before task ``lag``, Hessian between measurements)."""
-    task_of = {step: int(v) for step, v in scalars.get("epoch", {}).items()}
+def per_task(scalars: dict[str, dict[int, float]], num_tasks: int, warmup_tasks: int = 0) -> dict[str, np.ndarray]:
+    """``{tag: (num_tasks,) array}``: each value at the evaluated task (Lightning's ``epoch`` scalar at the same step,
+    minus ``warmup_tasks``) it was logged for, NaN where a tag was not logged (backward before task ``lag``, Hessian
+    between measurements); values of warm-up epochs are dropped."""
+    task_of = {step: int(v) - warmup_tasks for step, v in scalars.get("epoch", {}).items()}
     out = {}
     for tag, series in scalars.items():
         values = np.full(num_tasks, np.nan)
         for step, v in series.items():
             task = task_of.get(step)
-            if task is not None and task < num_tasks:
+            if task is not None and 0 <= task < num_tasks:
                 values[task] = v
         out[tag] = values
     return out
@@ -132,6 +134,7 @@ class Experiment:
     records: list[dict[str, Any]] = field(default_factory=list)
     stream: str | None = None
     published: str | None = None
+    warmup_tasks: int = 0
 
     def rows(self, tag: str) -> np.ndarray:
         """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
@@ -173,16 +176,19 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
             config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
             scalars = read_scalars(d)
             logged = max(scalars.get("epoch", {0: 0}).values()) + 1
-            num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged)
+            warmup = int(config.get("data", {}).get("stream", {}).get("init_args", {}).get("warmup_tasks") or 0)
+            num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged) - warmup
             if exp is None:
                 logged_acc = metric_key(EvalSlot("forward"), "acc") in scalars or online_key("acc") in scalars
                 metric = "acc" if logged_acc else "mse"
                 stream = str(config.get("data", {}).get("stream", {}).get("class_path", "")).rsplit(".", 1)[-1]
                 label = (meta.get("labels") or {}).get(name, name)
                 published = (meta.get("published") or {}).get(name)
-                exp = Experiment(name, label, num_tasks, metric, stream=stream or None, published=published)
+                exp = Experiment(
+                    name, label, num_tasks, metric, stream=stream or None, published=published, warmup_tasks=warmup
+                )
             record = json.loads((d / "trial.json").read_text()) if (d / "trial.json").exists() else {}
-            exp.add(seed, per_task(scalars, exp.num_tasks), record)
+            exp.add(seed, per_task(scalars, exp.num_tasks, warmup), record)
         experiments.append(exp)
     return experiments, meta
 
@@ -245,7 +251,8 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         walls = [sum(a["wall_seconds"] for a in r["attempts"]) for r in exp.records if r.get("status") == "finished"]
         peaks = [max(a["peak_rss_bytes"] for a in r["attempts"]) for r in exp.records if r.get("attempts")]
         train = exp.rows("cost/task_seconds")
-        row["seconds_per_task"] = float(np.mean(walls)) / exp.num_tasks if walls else math.nan
+        stream_tasks = exp.num_tasks + exp.warmup_tasks  # a warm-up task costs its training time too
+        row["seconds_per_task"] = float(np.mean(walls)) / stream_tasks if walls else math.nan
         row["train_seconds_per_task"] = float(np.nanmean(train)) if not np.isnan(train).all() else math.nan
         row["seconds_per_task_paper"] = paper_seconds(entry.get("wall_clock"))
         row["peak_rss_gib"] = float(np.mean(peaks)) / 2**30 if peaks else math.nan

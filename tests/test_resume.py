@@ -261,3 +261,9 @@ def test_kill_9_at_random_moments_then_resume_equals_uninterrupted(tmp_path: Pat
 @pytest.mark.parametrize("learner", sorted(KILL_LEARNERS))
 def test_kill_9_many_times_every_learner(tmp_path: Path, learner: str) -> None:
     assert_kills_then_resume_equal_uninterrupted(tmp_path, KILL_LEARNERS[learner], random_kills=3)
+
+
+@pytest.mark.slow
+def test_kill_9_during_warmup_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    """2 warm-up tasks of 3: the kills land in the warm-up epochs (which evaluate nothing) or just after."""
+    assert_kills_then_resume_equal_uninterrupted(tmp_path, [*BACKPROP, "--data.stream.warmup_tasks=2"], random_kills=1)
