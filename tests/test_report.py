@@ -43,12 +43,13 @@ def _write(log_dir: Path, values: dict[str, dict[int, float]], order: int = 0) -
     path.rename(log_dir / f"events.out.tfevents.{1_700_000_000 + order}.host.1.order{order}")
 
 
-def _trial(suite: Path, name: str, seed: int, tasks: int, values: dict[str, dict[int, float]], **record) -> Path:
+def _trial(
+    suite: Path, name: str, seed: int, tasks: int, values: dict[str, dict[int, float]], warmup: int = 0, **record
+) -> Path:
     d = suite / name / f"seed_{seed}"
     d.mkdir(parents=True)
-    (d / "config.yaml").write_text(
-        yaml.safe_dump({"trainer": {"max_epochs": tasks}, "data": {"stream": {"class_path": "x.PermutedMNIST"}}})
-    )
+    stream = {"class_path": "x.PermutedMNIST", "init_args": {"warmup_tasks": warmup}}
+    (d / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": tasks}, "data": {"stream": stream}}))
     _write(d, values)
     if record:
         (d / "trial.json").write_text(json.dumps(record))
@@ -159,6 +160,26 @@ def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
     assert knn["forward_std"] == 0.0
     assert knn["forward_paper"] == ""
     assert knn["seconds_per_task"] == pytest.approx(20.0 / 10)  # finished trials with a record only
+
+
+def test_a_warmup_trial_is_read_from_its_first_evaluated_task(tmp_path: Path) -> None:
+    """2 warm-up epochs of 5: epochs 2..4 are tasks 0..2; warm-up values (training only) are dropped; the wall
+    time is spread over all 5 stream tasks."""
+    suite = tmp_path / "warm"
+    values = {
+        "eval/forward_acc": {2: 0.4, 3: 0.5, 4: 0.6},
+        "train/online_acc": {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, 4: 0.5},
+    }
+    attempt = {"wall_seconds": 50.0, "peak_rss_bytes": 2**30}
+    _trial(suite, "bp", 0, 5, values, warmup=2, status="finished", attempts=[attempt])
+    (exp,), meta = load_suite_runs(suite)
+    assert (exp.num_tasks, exp.warmup_tasks) == (3, 2)
+    np.testing.assert_allclose(exp.rows("eval/forward_acc"), [[0.4, 0.5, 0.6]], rtol=1e-6)
+    np.testing.assert_allclose(exp.rows("train/online_acc"), [[0.3, 0.4, 0.5]], rtol=1e-6)
+    (row,) = table_rows([exp], meta)
+    assert row["tasks"] == 3
+    assert row["forward_mean"] == pytest.approx(0.5)
+    assert row["seconds_per_task"] == pytest.approx(50.0 / 5)
 
 
 def test_report_writes_figures_and_table(tmp_path: Path) -> None:
