@@ -50,6 +50,10 @@ def _band(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, color: str) 
     ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, lw=0)
 
 
+MSE_FLOOR = 1e-3
+"""Bottom of a log-scale MSE axis: smaller values (a learner answering exactly) are drawn on the floor."""
+
+
 def _colours(experiments: Sequence[Experiment]) -> dict[str, str]:
     return {exp.name: f"C{i % 10}" for i, exp in enumerate(experiments)}
 
@@ -68,8 +72,9 @@ def curves_figure(experiments: Sequence[Experiment], panels: Sequence[Panel]) ->
         ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
         ax.set_xlabel("task")
         ax.set_ylabel(" / ".join(_NAMES.get(m, m) for m in sorted(metrics)))
-        if metrics == {"mse"}:
+        if metrics == {"mse"}:  # log scale, floored at 1e-3: an exact answer (MSE ~1e-16) would squash the rest
             ax.set_yscale("log")
+            ax.set_ylim(bottom=max(ax.get_ylim()[0], MSE_FLOOR))
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
     return fig
