@@ -250,3 +250,19 @@ def test_cost_monitor_logs_the_buffers_bytes_and_the_step_time(tmp_path: Path) -
     assert metrics["memory/param_bytes"].item() == 4 * sum(p.numel() for p in model.parameters())
     steps = cli.datamodule.stream.num_chunks
     assert 0 < metrics["cost/step_seconds"].item() * steps == pytest.approx(metrics["cost/task_seconds"].item())
+
+
+def test_plasticity_probe_of_a_functionally_adapting_learner_sees_its_layers() -> None:
+    """MAML adapts under torch.func.grad: its layers' outputs reach the hooks wrapped; the probe still keeps them
+    (a preallocated row buffer once failed on them: in-place write to a captured tensor inside a transform)."""
+    from cl_lightning.learners import MAMLReplay
+
+    torch.manual_seed(0)
+    model = MAMLReplay(input_shape=(6,), num_outputs=3, hidden_sizes=[8], support_size=5, query_size=4)
+    sx, sy, qx = torch.randn(12, 6), torch.randint(0, 3, (12,)), torch.randn(7, 6)
+    feats = PlasticityMonitor(max_rows=64).features(model, [sx, sy, qx, None])
+    assert set(feats) == set(model.probe_layers())
+    assert all(f.shape[1] == 8 for f in feats.values())
+    rows = next(iter(feats.values()))
+    assert 7 <= rows.shape[0] <= 64
+    assert torch.isfinite(rows).all()

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
+from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 
 from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.contract import EpisodeSource, ObservedLearner, require
@@ -57,8 +58,18 @@ def require_contract(trainer: Trainer, pl_module: ObservedLearner, who: str) -> 
     require(trainer.datamodule, EpisodeSource, who)
 
 
+def _plain(t: Tensor) -> Tensor:
+    """``t`` without torch.func wrappers (same values): a learner that adapts functionally (MAML's inner loop under
+    ``grad``) runs its layers inside a transform, where :class:`StridedRows`' in-place writes to its buffer would be
+    refused as mutations of a captured tensor; the hook stores the plain tensor with torch.func disabled."""
+    while is_functorch_wrapped_tensor(t):
+        t = get_unwrapped(t)
+    return t
+
+
 def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
     """Features as (rows, units): (…, D) → (N, D); a convolution's (N, C, *spatial) → (N·positions, C)."""
+    out = _plain(out)
     if isinstance(module, nn.modules.conv._ConvNd):
         out = out.movedim(1, -1)
     return out.reshape(-1, out.shape[-1])
@@ -165,7 +176,9 @@ class PlasticityMonitor(Callback):
         def hook(name: str) -> Callable[[nn.Module, Any, Tensor], None]:
             def record(module: nn.Module, args: Any, out: Tensor) -> None:
                 if isinstance(out, Tensor):
-                    captured.setdefault(name, StridedRows(self.max_rows)).add(_as_rows(module, out.detach()))
+                    rows = _as_rows(module, out.detach())
+                    with torch._C._DisableFuncTorch():  # plain tensor ops even inside a learner's torch.func transform
+                        captured.setdefault(name, StridedRows(self.max_rows)).add(rows)
 
             return record
 
