@@ -55,8 +55,6 @@ def ltu_target(x: Tensor, weight: Tensor, bias: Tensor, out_weight: Tensor, out_
         out_weight: Output weights ``(1, K)``.
         out_bias: Output bias ``(1,)``.
         beta: LTU threshold parameter (0.7 in both papers' configs).
-        warmup_tasks: The first tasks, trained on all ``train_size + query_size`` points in arrival order and never
-            evaluated (paper: 5, each on all 10,000 points; default 0).
     """
     features = (x @ weight.T + bias > ltu_thresholds(weight, bias, beta)).to(x.dtype)  # (N, K)
     return features @ out_weight.T + out_bias  # (N, 1)
@@ -77,6 +75,8 @@ class SlowlyChangingRegression(TaskStream):
         drift: ``"redraw_all"`` (paper and reference default: all slow bits redrawn each task) or ``"flip_one"``
             (exactly one slow bit toggled each task).
         seed: Stream seed: the target net and task ``t``'s data depend on ``(seed, t)`` only.
+        warmup_tasks: The first tasks, trained on all ``train_size + query_size`` points in arrival order and never
+            evaluated (paper: 5, each on all 10,000 points; default 0).
     """
 
     task_type = "regression"
