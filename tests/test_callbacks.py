@@ -11,7 +11,6 @@ from helpers import BACKPROP, QOA, fit, tiny_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cl_lightning.callbacks import ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.callbacks.forgetting import window_means
 from cl_lightning.learners import Backprop, QueryOnlyAttention
 from cl_lightning.metrics import (
     average_accuracy,
@@ -124,15 +123,6 @@ def test_figures_are_drawn_within_the_time_budget_and_always_first_and_last() ->
     assert [monitor._within_budget(r) for r in range(4)] == [True, False, False, True]
     monitor.plot_budget = 0.2
     assert [monitor._within_budget(r) for r in range(4)] == [True, True, True, True]
-
-
-def test_window_means_skip_unfinished_tasks() -> None:
-    values = np.array([1.0, 3.0, 5.0, np.nan, 7.0, np.nan, np.nan, np.nan])
-    centres, means = window_means(values, 3)  # windows [1, 3, 5], [nan, 7, nan], [nan, nan] (all unfinished)
-    np.testing.assert_allclose(centres, [1.0, 4.0])
-    np.testing.assert_allclose(means, [3.0, 7.0])
-    centres, means = window_means(values[:3], 1)
-    np.testing.assert_allclose(means, [1.0, 3.0, 5.0])
 
 
 def test_resumed_run_restores_the_accuracy_matrix(tmp_path: Path, monitored) -> None:

@@ -95,18 +95,36 @@ def test_a_monitor_on_a_module_without_the_contract_names_what_is_missing(tmp_pa
         PlasticityMonitor().setup(trainer, _Plain(), "fit")
 
 
+def _module_name(path: Path) -> str:
+    """``cl_lightning/callbacks/forgetting.py`` -> ``cl_lightning.callbacks.forgetting`` (a package: its folder)."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+"""Every module of the package by its dotted name."""
+
+
 def _imports(path: Path) -> set[str]:
+    """The package modules ``path`` imports, at module level or inside a function (AST, not run):
+    ``from cl_lightning.x import y`` is ``cl_lightning.x.y`` when ``y`` is a module, else ``cl_lightning.x``."""
     tree = ast.parse(path.read_text())
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
+            assert node.level == 0, f"{path.relative_to(ROOT)}: a relative import (the rules read absolute names)"
+            names.update(
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in MODULES else node.module
+                for alias in node.names
+            )
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {n for n in names if n.startswith("cl_lightning")}
+    return {n for n in names if n.split(".")[0] == "cl_lightning"}
 
 
-# what each subpackage may import from the package (DESIGN's arrows; the contract module is below them all)
+# What each subpackage and top-level module may import from the package (docs/architecture.md's arrows, as the code
+# has them; function-level imports included). The contract module is below them all; the top level reads downwards:
+# __main__ -> sweep -> suite, __main__ -> report -> report_figures -> results -> metrics, cli -> compose, ...
 ALLOWED = {
     "contract.py": set(),
     "ops": {"ops"},
@@ -116,7 +134,23 @@ ALLOWED = {
     "metrics": {"metrics"},
     "callbacks": {"metrics", "callbacks", "contract"},
     "data": {"data", "contract"},
+    "__init__.py": set(),
+    "__main__.py": {"cli", "sweep", "report"},
+    "cli.py": {"cli_messages", "compose", "checkpointing", "data", "learners", "callbacks"},
+    "cli_messages.py": {"contract", "data", "learners"},
+    "checkpointing.py": set(),
+    "compose.py": set(),
+    "suite.py": set(),
+    "sweep.py": {"suite", "report"},
+    "report.py": {"report_figures", "results", "contract"},
+    "report_figures.py": {"results", "callbacks", "contract"},
+    "results.py": {"metrics"},
 }
+
+
+def test_every_module_has_import_rules() -> None:
+    parts = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
+    assert parts == set(ALLOWED), "a module or subpackage without a line in ALLOWED (and docs/architecture.md)"
 
 
 @pytest.mark.parametrize("part", sorted(ALLOWED))
@@ -126,3 +160,24 @@ def test_imports_flow_one_way(part: str) -> None:
         for module in _imports(path):
             top = module.split(".")[1] if "." in module else ""
             assert top in ALLOWED[part], f"{path.relative_to(ROOT)} imports {module}"
+
+
+def test_no_import_cycle_between_package_modules() -> None:
+    """The module import graph (every file, function-level imports too) is acyclic: depth-first search, a module
+    met again while still on the path closes a cycle. A package's ``__init__`` importing its own modules is an
+    edge like any other."""
+    graph = {name: sorted(_imports(path) & MODULES.keys()) for name, path in MODULES.items()}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        if name in path:
+            cycle = [*path[path.index(name) :], name]
+            raise AssertionError("import cycle: " + " -> ".join(cycle))
+        if name in done:
+            return
+        for imported in graph[name]:
+            visit(imported, [*path, name])
+        done.add(name)
+
+    for name in graph:
+        visit(name, [])

@@ -10,19 +10,8 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from cl_lightning.report import (
-    final_window,
-    last_value,
-    load_suite_runs,
-    main,
-    minmax_per_seed,
-    paper_text,
-    per_task,
-    published_numbers,
-    read_scalars,
-    seed_band,
-    table_rows,
-)
+from cl_lightning.report import load_suite_runs, main, paper_text, per_task, published_numbers, read_scalars, table_rows
+from cl_lightning.results import final_window, last_value, minmax_per_seed, seed_band
 
 STEPS = 10  # training steps per task: task t ends at step 10 t + 9, where Lightning logs its epoch-end values
 

@@ -20,7 +20,14 @@ from matplotlib.figure import Figure
 
 from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
-from cl_lightning.metrics import average_accuracy, backward_transfer, forgetting, forward_transfer, intransigence
+from cl_lightning.metrics import (
+    average_accuracy,
+    backward_transfer,
+    forgetting,
+    forward_transfer,
+    intransigence,
+    window_means,
+)
 
 
 def accuracy_matrix_figure(
@@ -52,19 +59,6 @@ def accuracy_matrix_figure(
                 bright = im.norm(v) > 0.6 if metric != "mse" else im.norm(v) < 0.4  # viridis is light at its top
                 ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="k" if bright else "w")
     return fig
-
-
-def window_means(values: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray]:
-    """Means of non-overlapping ``window``-task windows, NaN (unfinished) tasks skipped, as the paper smooths its
-    curves (100-task windows on Permuted MNIST, 10 on regression). Returns (window centres, means), only for the
-    windows holding at least one value.
-    """
-    padded = np.full(math.ceil(values.size / window) * window, np.nan)
-    padded[: values.size] = values
-    blocks = padded.reshape(-1, window)
-    seen = ~np.isnan(blocks).all(axis=1)
-    centres = np.arange(blocks.shape[0])[seen] * window + (window - 1) / 2
-    return centres, np.nanmean(blocks[seen], axis=1)
 
 
 def transfer_curves_figure(

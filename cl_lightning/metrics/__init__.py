@@ -15,6 +15,7 @@ from cl_lightning.metrics.forgetting import (
     forgetting,
     forward_transfer,
     intransigence,
+    window_means,
 )
 from cl_lightning.metrics.hessian import (
     exact_eigvals,
@@ -55,4 +56,5 @@ __all__ = [
     "slq_spectral_density",
     "srank",
     "weight_magnitude",
+    "window_means",
 ]

@@ -1,11 +1,19 @@
-"""ACC / BWT / FWT / forgetting / intransigence on hand-worked accuracy matrices (cl_lightning.metrics.forgetting)."""
+"""ACC / BWT / FWT / forgetting / intransigence on hand-worked accuracy matrices, and the curves' window means
+(cl_lightning.metrics.forgetting)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from cl_lightning.metrics import average_accuracy, backward_transfer, forgetting, forward_transfer, intransigence
+from cl_lightning.metrics import (
+    average_accuracy,
+    backward_transfer,
+    forgetting,
+    forward_transfer,
+    intransigence,
+    window_means,
+)
 
 # R[i, j] = accuracy on task j after training through task i.
 R = np.array(
@@ -156,3 +164,12 @@ def test_bad_inputs_raise() -> None:
         forward_transfer(R, np.ones(2))
     with pytest.raises(ValueError, match="column task"):
         intransigence(R, A_STAR, task=5)
+
+
+def test_window_means_skip_unfinished_tasks() -> None:
+    values = np.array([1.0, 3.0, 5.0, np.nan, 7.0, np.nan, np.nan, np.nan])
+    centres, means = window_means(values, 3)  # windows [1, 3, 5], [nan, 7, nan], [nan, nan] (all unfinished)
+    np.testing.assert_allclose(centres, [1.0, 4.0])
+    np.testing.assert_allclose(means, [3.0, 7.0])
+    centres, means = window_means(values[:3], 1)
+    np.testing.assert_allclose(means, [1.0, 3.0, 5.0])

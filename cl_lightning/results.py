@@ -1,0 +1,104 @@
+"""A suite's results in memory and the aggregations over seeds that the report's table and figures share.
+
+An :class:`Experiment` holds one experiment's per-task curves (``(seeds, tasks)`` arrays, NaN where a seed logged
+nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy, no files:
+:mod:`cl_lightning.report` reads the event files into experiments and writes the table,
+:mod:`cl_lightning.report_figures` draws them.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cl_lightning.metrics import window_means
+
+
+@dataclass
+class Experiment:
+    """One experiment's trials: per-task curves stacked over seeds, and each trial's record."""
+
+    name: str
+    label: str
+    num_tasks: int
+    metric: str
+    seeds: list[int] = field(default_factory=list)
+    curves: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    stream: str | None = None
+    published: str | None = None
+    warmup_tasks: int = 0
+
+    def rows(self, tag: str) -> np.ndarray:
+        """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
+        empty = np.full(self.num_tasks, np.nan)
+        return np.stack([c if c is not None else empty for c in self.curves.get(tag, [None] * len(self.seeds))])
+
+    def add(self, seed: int, curves: dict[str, np.ndarray], record: dict[str, Any]) -> None:
+        """Add one seed's curves (tags missing from earlier seeds or from this one are NaN-padded)."""
+        for tag in set(self.curves) | set(curves):
+            self.curves.setdefault(tag, [None] * len(self.seeds)).append(curves.get(tag))
+        self.seeds.append(seed)
+        self.records.append(record)
+
+    @property
+    def window(self) -> int:
+        """The plots' window: ``T // 80`` tasks (about the paper's 75–100 points), at least one."""
+        return max(1, self.num_tasks // 80)
+
+
+def seed_band(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The paper's curve of a ``(seeds, tasks)`` array: per task the mean and population std over seeds (NaN
+    seeds skipped), each then averaged over non-overlapping ``window``-task windows. Returns (window centres,
+    mean, std), only for windows holding a value.
+
+    >>> c, m, s = seed_band(np.array([[1.0, 3.0, 5.0, 7.0], [3.0, 3.0, 7.0, 7.0]]), 2)
+    >>> c.tolist(), m.tolist(), s.tolist()
+    ([0.5, 2.5], [2.5, 6.5], [0.5, 0.5])
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tasks stay NaN
+        mean, std = np.nanmean(rows, axis=0), np.nanstd(rows, axis=0)
+    centres, m = window_means(mean, window)
+    return centres, m, window_means(std, window)[1]
+
+
+def final_window(rows: np.ndarray, window: int) -> tuple[float, float, int]:
+    """Mean and population std over seeds of each seed's mean over the last ``window`` tasks, and the number of
+    seeds that have a value there.
+
+    >>> final_window(np.array([[0.0, 0.25, 0.5], [0.0, 0.75, 1.0]]), 2)
+    (0.625, 0.25, 2)
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        per_seed = np.nanmean(rows[:, -window:], axis=1)
+    per_seed = per_seed[~np.isnan(per_seed)]
+    if not per_seed.size:
+        return math.nan, math.nan, 0
+    return float(per_seed.mean()), float(per_seed.std()), int(per_seed.size)
+
+
+def last_value(rows: np.ndarray) -> tuple[float, float, int]:
+    """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
+    finals = []
+    for row in rows:
+        seen = row[~np.isnan(row)]
+        if seen.size:
+            finals.append(seen[-1])
+    if not finals:
+        return math.nan, math.nan, 0
+    return float(np.mean(finals)), float(np.std(finals)), len(finals)
+
+
+def minmax_per_seed(rows: np.ndarray) -> np.ndarray:
+    """Each seed's series scaled to [0, 1] over its measured tasks, as the authors normalise effective ranks."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        lo, hi = np.nanmin(rows, axis=1, keepdims=True), np.nanmax(rows, axis=1, keepdims=True)
+    span = np.where(hi > lo, hi - lo, np.nan)
+    return (rows - lo) / span
