@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -183,14 +184,16 @@ def _row_by_row_hessian(loss: torch.Tensor, params: list[torch.Tensor]) -> np.nd
     return torch.stack(rows).double().numpy()
 
 
-def test_exact_hessian_of_qoa_last_layer_on_the_episode_equals_double_backprop() -> None:
+@pytest.mark.parametrize("query_chunk", [None, 3, 1])
+def test_exact_hessian_of_qoa_last_layer_on_the_episode_equals_double_backprop(query_chunk: int | None) -> None:
+    # query chunks of 3 (3 + 3 + 1 queries, unequal weights) and 1: the size-weighted sum of the chunks' Hessians
     torch.manual_seed(0)
     model = QueryOnlyAttention(
         input_shape=(5,), num_outputs=3, memory_size=40, support_size=12, hidden=8, num_hidden_layers=2
     ).double()
     cx, cy = torch.randn(12, 5, dtype=torch.float64), torch.randint(0, 3, (12,))
     qx, qy = torch.randn(7, 5, dtype=torch.float64), torch.randint(0, 3, (7,))
-    monitor = HessianMonitor(clamp=None, jitter=0.0)
+    monitor = HessianMonitor(clamp=None, jitter=0.0, query_chunk=query_chunk)
     assert monitor.block(model) == ["scorer.out.weight", "scorer.out.bias"]  # the paper's fc11
     out = monitor.measure(model, [cx, cy, qx, qy])
     params = [model.scorer.out.weight, model.scorer.out.bias]
@@ -217,6 +220,37 @@ def test_exact_hessian_of_a_regression_output_layer_is_2_over_n_a_transpose_a() 
     assert out["hessian/num_params"].item() == 7
     assert out["hessian/trace"].item() == pytest.approx(eig.sum(), rel=1e-9)
     assert out["hessian/top_eigval"].item() == pytest.approx(eig.max(), rel=1e-9)
+
+
+class _CenteredBackprop(Backprop):
+    """Queries that interact: each query's logits minus the mean over the episode's queries (not per-query)."""
+
+    def predict_episode(self, context_x: torch.Tensor, context_y: torch.Tensor, query_x: torch.Tensor) -> torch.Tensor:
+        logits = super().predict_episode(context_x, context_y, query_x)
+        return logits - 0.5 * logits.mean(0, keepdim=True)
+
+
+def test_hessian_query_chunks_fall_back_to_whole_episodes_when_queries_interact() -> None:
+    torch.manual_seed(0)
+    model = _CenteredBackprop(input_shape=(4,), num_outputs=3, hidden_sizes=[6]).double()
+    qx, qy = torch.randn(30, 4, dtype=torch.float64), torch.randint(0, 3, (30,))
+    episode = [qx[:0], qy[:0], qx, qy]
+    whole = HessianMonitor(query_chunk=None).measure(model, episode)
+    monitor = HessianMonitor(query_chunk=8)
+    with pytest.warns(UserWarning, match="queries interact"):
+        chunked = monitor.measure(model, episode)
+    assert monitor.query_chunk is None
+    assert {k: v.item() for k, v in chunked.items()} == {k: v.item() for k, v in whole.items()}
+    plain = Backprop(input_shape=(4,), num_outputs=3, hidden_sizes=[6]).double()  # independent queries: chunks kept
+    kept = HessianMonitor(query_chunk=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        by_chunks = kept.measure(plain, episode)
+    assert kept.query_chunk == 8
+    assert [x.shape[0] for x, _ in kept.query_chunks(plain, episode)] == [8, 8, 8, 6]
+    at_once = HessianMonitor(query_chunk=None).measure(plain, episode)
+    for key, value in at_once.items():
+        assert by_chunks[key].item() == pytest.approx(value.item(), rel=1e-10), key
 
 
 def test_lanczos_top_eigenvalue_equals_the_exact_one_on_the_whole_network() -> None:

@@ -27,6 +27,7 @@ from cl_lightning.metrics.hessian import (
     hvp_hessian,
     lanczos_eigvals,
     make_hvp,
+    summed_hvp,
 )
 from cl_lightning.metrics.slq import slq_effective_rank, slq_spectral_density
 
@@ -55,6 +56,7 @@ __all__ = [
     "slq_effective_rank",
     "slq_spectral_density",
     "srank",
+    "summed_hvp",
     "weight_magnitude",
     "window_means",
 ]

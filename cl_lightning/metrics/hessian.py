@@ -104,6 +104,37 @@ def make_hvp(loss_fn: Callable[[Tensor], Tensor], params: Tensor) -> Callable[[T
     return hvp
 
 
+def summed_hvp(parts: list[tuple[float, Callable[[Tensor], Tensor]]]) -> Callable[[Tensor], Tensor]:
+    """v ↦ Σᵢ wᵢ Hᵢ v: the Hessian-vector product of a loss that is a weighted sum of parts, one part at a time.
+
+    A mean loss over N examples split into chunks of nᵢ is Σᵢ (nᵢ/N) · (mean over chunk i), so its Hessian is the
+    same weighted sum of the chunks' Hessians; each part's intermediates are freed before the next one runs, which
+    bounds the memory of an HVP (vmapped over many tangents) by the largest chunk instead of the whole batch.
+
+    Args:
+        parts: ``(weight, hvp)`` pairs, each ``hvp`` from :func:`make_hvp` at the same point.
+
+    Returns:
+        ``hvp(v) -> (P,)``.
+
+    >>> f = make_hvp(lambda t: (t**2).sum(), torch.tensor([1.0, 2.0]))
+    >>> g = make_hvp(lambda t: (t**3).sum(), torch.tensor([1.0, 2.0]))
+    >>> summed_hvp([(0.5, f), (0.5, g)])(torch.tensor([1.0, 1.0]))
+    tensor([4., 7.])
+    """
+    if not parts:
+        raise ValueError("summed_hvp needs at least one part")
+
+    def hvp(v: Tensor) -> Tensor:
+        total = None
+        for weight, part in parts:
+            term = weight * part(v)
+            total = term if total is None else total + term
+        return total
+
+    return hvp
+
+
 def hvp_hessian(hvp: Callable[[Tensor], Tensor], n: int, chunk_size: int | None = None) -> Tensor:
     """Dense Hessian from HVPs on the identity columns, vmapped in chunks of ``chunk_size`` (bounded memory).
 
