@@ -9,7 +9,8 @@ Runs the first ``--tasks`` tasks of a config at its full size (default: QOA V1 o
   rest (data, loop); ms per training step; the scorer's achieved GFLOP/s in training and in evaluation (flops
   counted from the (query, support) pairs each scorer call sees);
 - a 2048² matmul measured before and after the tasks (fp32 on CPU, bf16 on CUDA), the flop floor of a steady task
-  at that rate and the ratio to it; peak RSS (and CUDA peak memory); the projected 7,500-task time (steady tasks,
+  at that rate and the ratio to it; peak RSS at the end of the fit (and CUDA peak memory), with the peak of each
+  phase (training, episodes, each monitor, ...) sampled every 10 ms; the projected 7,500-task time (steady tasks,
   plus the probe rows, the initial row and the monitors at their configured frequencies).
 
     python benchmarks/paper_size.py                               # 3 tasks of configs/qoa_pmnist.yaml, 2 threads
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import tempfile
@@ -101,16 +101,22 @@ def _status_kb(*fields: str) -> list[int]:
 
 class MemorySampler(threading.Thread):
     """Peak anonymous memory (``RssAnon``: the process's own tensors and heap, not the shared library pages that
-    ``VmRSS`` also counts), read from ``/proc/self/status`` every 10 ms."""
+    ``VmRSS`` also counts) and the peak ``VmRSS`` of each phase of a :class:`PhaseTimer` (training, episodes, a
+    monitor's name, ...), read from ``/proc/self/status`` every 10 ms."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak_anon_kb, self.stopped = 0, threading.Event()
+        self.timer: PhaseTimer | None = None  # set once the Trainer exists; its ``phase`` labels the samples
+        self.peak_rss_kb: dict[str, int] = defaultdict(int)
 
     def run(self) -> None:
         """Sample until stopped."""
         while not self.stopped.wait(0.01):
-            self.peak_anon_kb = max(self.peak_anon_kb, _status_kb("RssAnon")[0])
+            rss, anon = _status_kb("VmRSS", "RssAnon")
+            self.peak_anon_kb = max(self.peak_anon_kb, anon)
+            phase = self.timer.phase if self.timer is not None else "matmul yardstick"
+            self.peak_rss_kb[phase] = max(self.peak_rss_kb[phase], rss)
 
 
 def _sync(device: torch.device) -> None:
@@ -280,12 +286,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         timer = PhaseTimer(args.tasks, device)
         trainer.callbacks.insert(0, timer)  # its epoch clock starts before the monitors
         timer.install(trainer, model, dm.stream)
+        memory.timer = timer
         dm.prepare_data()
         start = time.perf_counter()
         trainer.fit(model, dm)
         total = time.perf_counter() - start
+        memory.timer = None
+    rss_mb = _status_kb("VmHWM")[0] / 1024  # the run's peak, before the yardstick's own 3 × 16 MB matrices
     mm_after = [matmul_gflops(device, mm_dtype) for _ in range(2)]
-    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     memory.stopped.set()
     memory.join()
     return {
@@ -299,6 +307,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "import_rss_mb": import_rss_kb / 1024,
         "import_anon_mb": import_anon_kb / 1024,
         "peak_anon_mb": max(memory.peak_anon_kb, _status_kb("RssAnon")[0]) / 1024,
+        "peak_rss_by_phase_mb": {k: v / 1024 for k, v in sorted(memory.peak_rss_kb.items(), key=lambda kv: -kv[1])},
         "cuda_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else None,
         "num_tasks": dm.num_tasks,
         "num_probe": len(dm.probe_tasks),
@@ -399,6 +408,10 @@ def report(m: dict[str, Any]) -> str:
     )
     if m["cuda_peak_mb"] is not None:
         peak += f", CUDA peak {m['cuda_peak_mb']:.0f} MB"
+    if m.get("peak_rss_by_phase_mb"):  # where the peak happens ("other": the loop, data, Lightning between hooks)
+        peak += "\n  peak RSS by phase (sampled): " + ", ".join(
+            f"{k} {v:.0f}" for k, v in m["peak_rss_by_phase_mb"].items()
+        )
     lines += [peak, f"projected {n:,}-task time: {projected / 3600:.2f} h ({projected / n:.2f} s per task)"]
     return "\n".join(lines)
 
