@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     def old() -> torch.Tensor:
         a = scorer.support_part(sx, sy)
         step = scorer.pair_budget // supports
-        return torch.cat([scorer._tail(scorer.query_part(q)[:, None, :] + a[None]) for q in qx.split(step)])
+        return torch.cat([scorer.tail(scorer.query_part(q)[:, None, :] + a[None]) for q in qx.split(step)])
 
     def matmul() -> float:
         a, b = torch.randn(n, n), torch.randn(n, n)

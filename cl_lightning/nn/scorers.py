@@ -109,8 +109,9 @@ class PairScorer(nn.Module):
             init_linear(layer, init)
         self._workspace: tuple[Tensor, Tensor] | None = None  # evaluation ping-pong buffers, kept between calls
 
-    def _tail(self, h: Tensor) -> Tensor:
-        """Layers after the first pre-activation: ``(..., H) -> (...)``."""
+    def tail(self, h: Tensor) -> Tensor:
+        """Layers after the first pre-activation: ``(..., H) -> (...)`` (ReLU in place on ``h``, then the hidden layers
+        and the output layer as modules, so forward hooks fire)."""
         shape = h.shape[:-1]
         h = h.reshape(-1, h.shape[-1]).relu_()  # (N, H); in place: the pre-activation is not needed again
         for layer in self.hidden:  # modules called (not their weights) so forward hooks of monitors fire
@@ -149,7 +150,7 @@ class PairScorer(nn.Module):
         if not needs_grad:  # hooked evaluation (a monitor watches the layers): cache-sized blocks as score_blocked
             budget = self.block_pairs or tuned_block_pairs(a.shape[1], len(self.hidden), a.device, a.dtype)
         step = max(1, budget // max(1, support_x.shape[0]))
-        parts = [self._tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
+        parts = [self.tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _compute_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
@@ -216,4 +217,4 @@ class PairScorer(nn.Module):
         if self.num_labels:
             onehot = nn.functional.one_hot(support_y, self.num_labels).to(support_x.dtype)  # (S, C)
             parts.append(onehot[None].expand(q, s, -1))
-        return self._tail(self.first(torch.cat(parts, dim=-1)))
+        return self.tail(self.first(torch.cat(parts, dim=-1)))
