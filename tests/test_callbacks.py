@@ -10,9 +10,10 @@ import pytest
 import torch
 from helpers import BACKPROP, QOA, fit, tiny_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cl_lightning.callbacks import ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.learners import Backprop, QueryOnlyAttention
+from cl_lightning.learners import Backprop, FullAttention, QueryOnlyAttention
 from cl_lightning.metrics import (
     average_accuracy,
     backward_transfer,
@@ -220,6 +221,24 @@ def test_exact_hessian_of_a_regression_output_layer_is_2_over_n_a_transpose_a() 
     assert out["hessian/num_params"].item() == 7
     assert out["hessian/trace"].item() == pytest.approx(eig.sum(), rel=1e-9)
     assert out["hessian/top_eigval"].item() == pytest.approx(eig.max(), rel=1e-9)
+
+
+def test_exact_hessian_of_full_attention_equals_double_backprop() -> None:
+    """SDPA's fused kernels have no forward-mode AD: the monitor runs attention on the math backend (it used to
+    switch itself off on every full-attention run)."""
+    torch.manual_seed(0)
+    model = FullAttention(input_shape=(6,), num_outputs=3, memory_size=20, support_size=9, num_layers=2).double()
+    cx, cy = torch.randn(9, 6, dtype=torch.float64), torch.randint(0, 3, (9,))
+    qx, qy = torch.randn(5, 6, dtype=torch.float64), torch.randint(0, 3, (5,))
+    monitor = HessianMonitor(clamp=None, jitter=0.0)
+    out = monitor.measure(model, [cx, cy, qx, qy])
+    layer = model.output_layer()
+    with sdpa_kernel(SDPBackend.MATH):  # the fused kernel's backward is not differentiable either
+        h = _row_by_row_hessian(model.loss(model.predict_episode(cx, cy, qx), qy), [layer.weight, layer.bias])
+    eig = np.linalg.eigvalsh((h + h.T) / 2)
+    assert out["hessian/num_params"].item() == layer.weight.numel() + layer.bias.numel()
+    assert out["hessian/trace"].item() == pytest.approx(eig.sum(), rel=1e-9)
+    assert out["hessian/top_eigval"].item() == pytest.approx(eig[np.abs(eig).argmax()], rel=1e-9)
 
 
 class _CenteredBackprop(Backprop):

@@ -25,6 +25,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
@@ -163,7 +164,9 @@ class HessianMonitor(Callback):
         cx, cy, qx, _ = episode
         names = [f"learner.{n}" for n in self.block(pl_module)]
         model = _Episode(pl_module)
-        with evaluation_mode(pl_module), torch.enable_grad():
+        # SDPA's fused CPU/CUDA kernels have no forward-mode AD (full attention's Hessian failed with "forward AD
+        # with _scaled_dot_product_flash_attention_for_cpu ... not implemented"); the math backend is plain ops
+        with evaluation_mode(pl_module), torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
             parts = []
             for qx_part, qy_part in self.query_chunks(pl_module, episode):
                 loss_fn, theta = flat_loss(model, pl_module.loss, (cx, cy, qx_part), qy_part, names)
