@@ -28,8 +28,8 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from cl_lightning.callbacks.heap import release_free_heap
-from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
-from cl_lightning.contract import EpisodeSource, ObservedLearner
+from cl_lightning.callbacks.plasticity import due_task, evaluation_mode, probe_episode, require_contract
+from cl_lightning.contract import ObservedLearner
 from cl_lightning.metrics import (
     exact_eigvals,
     flat_loss,
@@ -219,9 +219,8 @@ class HessianMonitor(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """After every n-th task: measure on the current task's held-out queries and log."""
-        source: EpisodeSource = trainer.datamodule
-        task = source.evaluated_task(trainer.current_epoch)  # None in a warm-up epoch: nothing to probe
-        if task is None or task % self.every_n_tasks or self._skip:
+        task = due_task(trainer, self.every_n_tasks)
+        if task is None or self._skip:
             return
         if not self.block(pl_module):
             self._give_up("the learner has no parameter block to differentiate (no output_layer() / parameters)")

@@ -42,6 +42,14 @@ def evaluation_mode(module: nn.Module) -> Iterator[None]:
             m.training = training
 
 
+def due_task(trainer: Trainer, every_n_tasks: int) -> int | None:
+    """The evaluated task of the current epoch if a monitor measuring every ``every_n_tasks``-th evaluated task (task 0
+    included) is due on it, else ``None`` (never in a warm-up epoch, which has nothing to probe)."""
+    source: EpisodeSource = trainer.datamodule
+    task = source.evaluated_task(trainer.current_epoch)
+    return None if task is None or task % every_n_tasks else task
+
+
 def probe_episode(trainer: Trainer, pl_module: ObservedLearner, task: int, num_queries: int | None) -> list[Tensor]:
     """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode, on the learner's device.
 
@@ -224,9 +232,8 @@ class PlasticityMonitor(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """At the start of every n-th task: probe the current task and log."""
-        source: EpisodeSource = trainer.datamodule
-        task = source.evaluated_task(trainer.current_epoch)  # None in a warm-up epoch: nothing to probe
-        if task is None or task % self.every_n_tasks:
+        task = due_task(trainer, self.every_n_tasks)
+        if task is None:
             return
         episode = probe_episode(trainer, pl_module, task, self.probe_size)
         values = self.measure(pl_module, episode)
