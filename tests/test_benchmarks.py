@@ -155,3 +155,11 @@ def test_transfer_curves(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     assert [r["task"] for r in rows] == ["0", "1"]
     assert set(rows[0]) == {"task", "steps", "forward", "backward", "unseen", "seconds"}
     assert (tmp_path / "curve.tasks.csv").read_text().splitlines()[0] == "task,forward,backward"
+
+
+def test_nvml_check(capsys: pytest.CaptureFixture[str]) -> None:
+    results = _load("nvml_check").main(["--small"])
+    out = capsys.readouterr().out
+    assert set(results) == {"is_available()", "adam step", "fused adam step"}
+    assert all(len(r["set"]) == len(r["unset"]) == 2 and min(r["set"] + r["unset"]) > 0 for r in results.values())
+    assert re.search(rf"adam step\s+{NUMBER}-{NUMBER}\s+{NUMBER}-{NUMBER}", out)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from cl_lightning.contract import EvalBatch, StreamBatch, TaskType, metric_key, online_key
+from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 
@@ -149,6 +150,10 @@ class ContinualLearner(LightningModule, ABC):
         if metric is None:
             metric = self._task_means[name] = TaskMean().to(value.device)
         metric.update(value, weight)
+
+    def on_fit_start(self) -> None:
+        """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""
+        drop_unloadable_nvml_check()
 
     def on_train_epoch_start(self) -> None:
         """Start the task means of :meth:`log_task_mean` afresh."""

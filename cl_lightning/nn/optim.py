@@ -1,4 +1,5 @@
-"""Optimiser implementation choice: the fused (one kernel for all parameters) or multi-tensor form of Adam.
+"""Optimiser implementation choice: the fused (one kernel for all parameters) or multi-tensor form of Adam, and the
+CUDA check every Adam step makes.
 
 PyTorch picks the per-parameter Python loop for Adam on CPU unless told otherwise. On a QOA training step (twelve
 parameter tensors of the 101,901-parameter scorer) the loop took 2.46 ms against 0.25 ms with ``fused=True``
@@ -8,7 +9,12 @@ root); they differ from the loop only in rounding.
 
 from __future__ import annotations
 
+import ctypes
+import os
+
 import torch
+
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
 _FUSABLE = (torch.optim.Adam, torch.optim.AdamW)
 
@@ -41,3 +47,24 @@ def prefer_fused(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimiz
     if any(g.get("fused") for g in optimizer.param_groups):
         optimizer._step_supports_amp_scaling = True  # as Adam.__init__ sets it for fused=True
     return optimizer
+
+
+def drop_unloadable_nvml_check() -> bool:
+    """Unset ``PYTORCH_NVML_BASED_CUDA_CHECK`` when NVML cannot be loaded; ``True`` when it did.
+
+    Importing Lightning sets the variable (so that asking whether CUDA is available does not poison forked
+    workers). Every ``torch.optim`` Adam / AdamW step asks (its graph-capture check calls
+    ``torch.cuda.is_available()``), and with the variable set, a CUDA build of torch on a machine without a driver
+    tries to load ``libnvidia-ml.so.1`` each time, fails, and falls back to the CUDA runtime's device count:
+    about 80-140 µs a step (``benchmarks/nvml_check.py``). Without the variable it asks the runtime directly, whose
+    answer torch caches: the same answer (the fallback is that very call), about 1 µs. Where NVML loads (a GPU
+    machine), the variable is kept. Called once a fit, by :class:`~cl_lightning.learners.ContinualLearner`.
+    """
+    if os.environ.get(NVML_CHECK) != "1" or not torch.cuda._is_compiled():
+        return False
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        del os.environ[NVML_CHECK]
+        return True
+    return False
