@@ -5,43 +5,36 @@ fsync, rename). The configs checkpoint at every task's end, and a paper-size tas
 write must stay a small fraction of that. The default learner is QOA V1 of ``qoa_pmnist.yaml`` (a 50,000-image
 buffer: ~11 MB of state plus Adam's moments).
 
-    python benchmarks/checkpoint_write.py            # QOA V1, 20 interleaved writes each, medians
-    python benchmarks/checkpoint_write.py --small    # a 1,000-example buffer, 3 writes each (the smoke test)
+    python -m benchmarks.checkpoint_write            # QOA V1, 20 interleaved writes each, medians
+    python -m benchmarks.checkpoint_write --small    # a 1,000-example buffer, 3 writes each (the smoke test)
 """
 
 from __future__ import annotations
 
-import argparse
+import statistics
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from benchmarks.harness import Bench, clock, interleave, parser
 from cl_lightning.checkpointing import AtomicCheckpointIO
 from cl_lightning.learners import QueryOnlyAttention
 
 
-def _median_ms(writers: dict[str, TorchCheckpointIO], checkpoint: dict, folder: Path, repeats: int) -> dict[str, float]:
-    """Median milliseconds per write of each writer, interleaved so both see the same disk and page-cache state."""
-    times: dict[str, list[float]] = {name: [] for name in writers}
-    for _ in range(repeats):
-        for name, io in writers.items():
-            start = time.perf_counter()
-            io.save_checkpoint(checkpoint, folder / f"{name}.ckpt")
-            times[name].append(time.perf_counter() - start)
-    return {name: sorted(t)[len(t) // 2] * 1e3 for name, t in times.items()}
+def _write_ms(io: TorchCheckpointIO, checkpoint: dict, path: Path) -> float:
+    with clock() as t:
+        io.save_checkpoint(checkpoint, path)
+    return t.wall * 1e3
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print the median write time of each writer and the checkpoint's size."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--small", action="store_true", help="a 1,000-example buffer and 3 writes each")
-    args = parser.parse_args(argv)
-    if args.small:
-        args.repeats = 3
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Median write time of each writer (interleaved, so both see the same disk and page-cache state) and the size."""
+    bench = Bench.start("checkpoint_write", parser(__doc__, repeats=20), argv)
+    args = bench.args
+    repeats = 3 if args.small else args.repeats
     sizes = {"memory_size": 1_000, "support_size": 100} if args.small else {}
     model = QueryOnlyAttention(**sizes)  # the paper's V1 defaults: FIFO 50,000, scorer 9 x 100
     optimizer = torch.optim.Adam(model.parameters())
@@ -50,9 +43,19 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = {"state_dict": model.state_dict(), "optimizer_states": [optimizer.state_dict()], "loops": {}}
     with tempfile.TemporaryDirectory() as folder:
         writers = {"atomic": AtomicCheckpointIO(), "lightning": TorchCheckpointIO()}
-        ms = _median_ms(writers, checkpoint, Path(folder), args.repeats)
-        size = (Path(folder) / "atomic.ckpt").stat().st_size / 1e6
-    print(f"checkpoint {size:.1f} MB; median write: atomic {ms['atomic']:.1f} ms, Lightning {ms['lightning']:.1f} ms")
+        ms = interleave(
+            {
+                name: lambda io=io, name=name: _write_ms(io, checkpoint, Path(folder) / f"{name}.ckpt")
+                for name, io in writers.items()
+            },
+            repeats,
+        )
+        size_mb = (Path(folder) / "atomic.ckpt").stat().st_size / 1e6
+    median = {name: statistics.median(v) for name, v in ms.items()}
+    rows = [[name, size_mb, median[name], len(ms[name])] for name in writers]
+    return bench.finish(
+        {"size_mb": size_mb, "median_ms": median, "ms": ms}, ["writer", "checkpoint MB", "median ms", "writes"], rows
+    )
 
 
 if __name__ == "__main__":

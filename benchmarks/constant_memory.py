@@ -14,22 +14,21 @@ parametric learners' stay flat. Learners:
 - ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol);
   any other rule name (``omega``, ``titans``, ``ttt_mlp``, ...) runs ParametricAttention with that rule.
 
-Usage: ``python benchmarks/constant_memory.py [--points 10000 50000 100000 200000] [--learners ...]``; ``--small``:
-two points of a 1,600-image stream, QOA's buffer 1,200 (so it trains), in seconds (the smoke test).
+    python -m benchmarks.constant_memory [--points 10000 50000 100000 200000] [--learners ...]
+    python -m benchmarks.constant_memory --small   # 2 points of a 1,600-image stream, QOA's buffer 1,200 (tests)
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import statistics
-import time
 import warnings
 from collections.abc import Callable
-from typing import get_args
+from typing import Any, get_args
 
 import torch
 
+from benchmarks.harness import Bench, clock, parser
 from cl_lightning.data import PermutedMNIST
 from cl_lightning.learners import ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
@@ -97,33 +96,31 @@ def run(
     times, rows = [], []
     for i in range(steps):
         batch = stream.chunk(i // per_task, i % per_task)  # data generation is not timed
-        start = time.perf_counter()
-        if reader is None:
-            _step(learner, optimizer, batch, i)
-        else:  # the read-only row: store the chunk (untimed), time one read over everything stored
+        if reader is not None:  # the read-only row: store the chunk (untimed), time one read over everything stored
             learner.buffer.add(batch.x.flatten(1), batch.y, batch.task_id)
-            start = time.perf_counter()
-            if (i + 1) * CHUNK in points:
+        with clock() as t:
+            if reader is None:
+                _step(learner, optimizer, batch, i)
+            elif (i + 1) * CHUNK in points:
                 reader(batch.x.flatten(1))
-        times.append(time.perf_counter() - start)
+        times.append(t.wall)
         if (i + 1) * CHUNK in points:
             recent = times[-window:] if reader is None else times[-1:]
             rows.append(((i + 1) * CHUNK, statistics.median(recent), context_bytes(learner)))
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the learners, print the table and the late / early ratios."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--points", type=int, nargs="+", default=[10_000, 50_000, 100_000, 200_000])
-    parser.add_argument("--window", type=int, default=10, help="steps before each point whose median time is shown")
-    parser.add_argument("--task-size", type=int, default=10_000, help="training images per Permuted-MNIST task")
-    parser.add_argument("--learners", nargs="+", default=None)
-    parser.add_argument("--small", action="store_true", help="points 800 and 1,600, window 2, QOA's buffer 1,200")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the learners; the result holds each learner's rows and its late / early ratios."""
+    p = parser(__doc__)
+    p.add_argument("--points", type=int, nargs="+", default=[10_000, 50_000, 100_000, 200_000])
+    p.add_argument("--window", type=int, default=10, help="steps before each point whose median time is shown")
+    p.add_argument("--task-size", type=int, default=10_000, help="training images per Permuted-MNIST task")
+    p.add_argument("--learners", nargs="+", default=None)
+    bench = Bench.start("constant_memory", p, argv)
+    args = bench.args
     if args.small:
         args.points, args.window, args.task_size = [800, 1_600], 2, 800
-    torch.set_num_threads(1)
     warnings.filterwarnings("ignore", message=".*self.trainer.*")  # self.log outside a Trainer: nothing to log to
     points = sorted({p - p % CHUNK for p in args.points if p >= CHUNK})
     has_full = importlib.util.find_spec("cl_lightning.learners.full_attention") is not None
@@ -134,32 +131,24 @@ def main(argv: list[str] | None = None) -> None:
         "delta_rule",
         "gated_delta_rule",
     ]
-    if not has_full:
-        print("FullAttention is not in the package: QOA only as the attention baseline.")
     tasks = max(points) // args.task_size + 1
     stream = PermutedMNIST(num_tasks=tasks, train_size=args.task_size, query_size=1, chunk_size=CHUNK)
-    print(f"{'learner':<18}{'examples':>10}{'ms/step':>10}{'context bytes':>15}")
-    verdicts = []
+    rows, learners = [], {}
     for name, (learner, reader) in _learners(names, max(points), 1_200 if args.small else 50_000).items():
-        rows = run(learner, reader, stream, points, args.window)
-        for seen, seconds, nbytes in rows:
-            print(f"{name:<18}{seen:>10}{seconds * 1e3:>10.2f}{nbytes:>15,}")
-        (_, t0, b0), (_, t1, b1) = rows[0], rows[-1]
-        t_ratio, b_ratio = t1 / max(t0, 1e-9), b1 / max(b0, 1)
-        verdicts.append((name, t_ratio, b_ratio))
-    print(f"\nlate / early ratios ({points[-1]:,} vs {points[0]:,} examples):")
-    for name, t_ratio, b_ratio in verdicts:
-        flat = 0.67 <= t_ratio <= 1.5 and b_ratio == 1.0
-        tag = ("flat" if flat else "NOT flat") if name in PARAMETRIC_RULES else ""
-        print(f"  {name:<18} time x{t_ratio:6.2f}   bytes x{b_ratio:8.2f}   {tag}")
-    parametric = [v for v in verdicts if v[0] in PARAMETRIC_RULES]
-    if parametric:
-        ok = all(0.67 <= t <= 1.5 and b == 1.0 for _, t, b in parametric)
-        print(
-            "Parametric learners: state bytes constant and time per step flat (within 0.67-1.5x)."
-            if ok
-            else "Parametric learners: NOT flat (see ratios above; CPU contention can distort the time ratio)."
-        )
+        measured = run(learner, reader, stream, points, args.window)
+        rows += [[name, seen, seconds * 1e3, nbytes] for seen, seconds, nbytes in measured]
+        (_, t0, b0), (_, t1, b1) = measured[0], measured[-1]
+        ratios = {"time": t1 / max(t0, 1e-9), "bytes": b1 / max(b0, 1)}
+        flat = 0.67 <= ratios["time"] <= 1.5 and ratios["bytes"] == 1.0
+        learners[name] = {"rows": measured, **ratios, "flat": flat if name in PARAMETRIC_RULES else None}
+    notes = [f"late / early ratios ({points[-1]:,} vs {points[0]:,} examples; flat: time within 0.67-1.5x, bytes 1):"]
+    notes += [
+        f"- {name}: time x{v['time']:.2f}, bytes x{v['bytes']:.2f}"
+        + ("" if v["flat"] is None else (", flat" if v["flat"] else ", NOT flat"))
+        for name, v in learners.items()
+    ]
+    columns = ["learner", "examples", "ms/step", "context bytes"]
+    return bench.finish({"learners": learners}, columns, rows, ["\n".join(notes)])
 
 
 if __name__ == "__main__":

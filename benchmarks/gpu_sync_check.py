@@ -4,18 +4,16 @@ On CUDA: ``torch.cuda.set_sync_debug_mode("warn")`` is switched on for the train
 the second task (the buffer is full, the learner trains every chunk) and off for evaluation and each task's end;
 every synchronising CUDA call then warns, and the warnings are counted by where they came from. On the CPU
 (``--device cpu``, the test mode) there is nothing to synchronise with, so the same steps run under the
-taint-tracking recorder of ``tests/sync_check.py``, which reports the operations that would synchronise.
+taint-tracking recorder of ``benchmarks/sync_check.py``, which reports the operations that would synchronise.
 
 Expected: none per step. ``DivergenceStop`` reads its device flag once per 100 steps, by design.
 
-    python benchmarks/gpu_sync_check.py                          # CUDA, bf16-mixed, QOA V1 at paper size, 2 tasks
-    python benchmarks/gpu_sync_check.py --device cpu --small     # the CPU test mode
+    python -m benchmarks.gpu_sync_check                          # CUDA, bf16-mixed, QOA V1 at paper size, 2 tasks
+    python -m benchmarks.gpu_sync_check --device cpu --small     # the CPU test mode
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import tempfile
 import warnings
 from collections import Counter
@@ -25,12 +23,10 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks.paper_size import SMALL  # noqa: E402
-from cl_lightning.cli import main  # noqa: E402
+from benchmarks.harness import Bench, parser
+from benchmarks.paper_size import SMALL
+from benchmarks.sync_check import PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
+from cl_lightning.cli import main as cli_main
 
 
 class CudaSyncWatch(Callback):
@@ -53,16 +49,16 @@ class CudaSyncWatch(Callback):
     on_train_epoch_end = on_validation_start  # type: ignore[assignment]
 
 
-def check(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the check, print it, return ``{"steps", "events": Counter(where -> count)}``."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the check; the result holds ``steps`` (watched) and ``events`` (where -> count)."""
+    p = parser(__doc__, threads=0)
     p.add_argument("--config", default="configs/qoa_pmnist.yaml")
     p.add_argument("--device", default="cuda")
     p.add_argument("--precision", default="bf16-mixed")
     p.add_argument("--warmup", type=int, default=10, help="steps of the second task before watching")
-    p.add_argument("--small", action="store_true", help="the tiny sizes of paper_size.py --small")
     p.add_argument("--set", nargs="*", default=[], help="CLI overrides without the leading --")
-    args = p.parse_args(argv)
+    bench = Bench.start("gpu_sync_check", p, argv)
+    args = bench.args
     cuda = args.device.startswith("cuda")
     cli_args = [
         f"--config={args.config}",
@@ -78,7 +74,7 @@ def check(argv: list[str] | None = None) -> dict[str, Any]:
         *[f"--{kv}" for kv in args.set],
     ]
     with tempfile.TemporaryDirectory() as root:
-        cli = main([*cli_args, f"--trainer.logger.init_args.save_dir={root}"], run=False)
+        cli = cli_main([*cli_args, f"--trainer.logger.init_args.save_dir={root}"], run=False)
         if cuda:
             watch: Any = CudaSyncWatch(args.warmup)
             with warnings.catch_warnings(record=True) as caught:
@@ -87,27 +83,26 @@ def check(argv: list[str] | None = None) -> dict[str, Any]:
                 cli.trainer.fit(cli.model, cli.datamodule)
             torch.cuda.set_sync_debug_mode(0)
             events = Counter(f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchronizing" in str(w.message))
-            steps = watch.steps
+            steps, known = watch.steps, {}
         else:
-            from tests.sync_check import PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
-
             # the first task's chunks fill the buffer; the watch starts after them and the warm-up
             watch = SyncWatch(cli.datamodule.stream.num_chunks + args.warmup)
             cli.trainer.callbacks.insert(0, watch)
             cli.trainer.fit(cli.model, cli.datamodule)
-            known = {**PER_STEP_ON_CPU_ONLY, **PER_TASK}
-            events = Counter(f"{e.what} at {e.where}" for e in watch.rec.events if e.where not in known)
-            for where, why in known.items():
-                if n := sum(e.where == where for e in watch.rec.events):
-                    print(f"not counted: {n} at {where} ({why})")
+            reasons = {**PER_STEP_ON_CPU_ONLY, **PER_TASK}
+            events = Counter(f"{e.what} at {e.where}" for e in watch.rec.events if e.where not in reasons)
+            seen = Counter(e.where for e in watch.rec.events if e.where in reasons)
+            known = {where: (n, reasons[where]) for where, n in seen.items()}
             steps = watch.steps
-    print(f"sync check ({args.device}, {args.precision}, {args.config}): {steps} steady training steps watched")
     total = sum(events.values())
-    print(f"synchronisations: {total} ({total / max(steps, 1):.2f} per step)")
-    for where, n in events.most_common(10):
-        print(f"  {n:5d}  {where}")
-    return {"steps": steps, "events": events}
+    notes = [
+        f"sync check ({args.device}, {args.precision}, {args.config}): {steps} steady training steps watched",
+        f"synchronisations: {total} ({total / max(steps, 1):.2f} per step)",
+        *(f"not counted: {n} at {where} ({why})" for where, (n, why) in known.items()),
+    ]
+    rows = [[n, where] for where, n in events.most_common(10)]
+    return bench.finish({"steps": steps, "events": dict(events)}, ["synchronisations", "where"], rows, notes)
 
 
 if __name__ == "__main__":
-    check(sys.argv[1:])
+    main()

@@ -9,9 +9,9 @@ user sees it) and evaluation, checkpoints and monitors off. Two workloads matter
 - slowly changing regression, one point per step into 20 -> 40 -> 1: a ~1 ms step, so it shows Lightning's fixed
   per-step cost (about a dozen hook calls and the optimiser closure) at its largest.
 
-    python benchmarks/loop_overhead.py                                           # PMNIST, 2 tasks of 58,000
-    python benchmarks/loop_overhead.py --config configs/bp_scr.yaml --train-size 2000   # SCR, chunk 1
-    python benchmarks/loop_overhead.py --small                                   # 2 tasks of 800, once each
+    python -m benchmarks.loop_overhead                                          # PMNIST, 2 tasks of 58,000
+    python -m benchmarks.loop_overhead --config configs/bp_scr.yaml --train-size 2000   # SCR, chunk 1
+    python -m benchmarks.loop_overhead --small                                   # 2 tasks of 800, once each
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ import argparse
 import contextlib
 import io
 import tempfile
-import time
+from typing import Any
 
 import torch
 
-from cl_lightning.cli import main
+from benchmarks.harness import Bench, clock, interleave, parser
+from cl_lightning.cli import main as cli_main
 from cl_lightning.compose import CALLBACK_SLOTS
 
 
 def _cli(config: str, root: str, tasks: int, train_size: int | None, progress_bar: bool):
     size = [f"--data.stream.init_args.train_size={train_size}"] if train_size else []
-    return main(
+    return cli_main(
         [
             "--config",
             config,
@@ -53,10 +54,9 @@ def lightning_seconds(args: argparse.Namespace, root: str, progress_bar: bool) -
     """Seconds of ``Trainer.fit`` (training only) and the steps it took."""
     cli = _cli(args.config, root, args.tasks, args.train_size, progress_bar)
     cli.datamodule.prepare_data()
-    start = time.perf_counter()
-    with contextlib.redirect_stderr(io.StringIO()):  # the bar's output is not what is measured
+    with clock() as t, contextlib.redirect_stderr(io.StringIO()):  # the bar's output is not what is measured
         cli.trainer.fit(cli.model, cli.datamodule)
-    return time.perf_counter() - start, cli.trainer.global_step
+    return t.wall, cli.trainer.global_step
 
 
 def plain_seconds(args: argparse.Namespace, root: str) -> tuple[float, int]:
@@ -66,55 +66,51 @@ def plain_seconds(args: argparse.Namespace, root: str) -> tuple[float, int]:
     model, stream = cli.model, cli.datamodule.stream
     optimizer = model.configure_optimizers()
     steps = 0
-    start = time.perf_counter()
-    for task in range(args.tasks):
-        total = torch.zeros((), dtype=torch.float64)
-        for i in range(stream.num_chunks):
-            x, y, _ = stream.chunk(task, i)
-            pred = model.predict(x)
-            loss = model.loss(pred, y)
-            total += model.score(pred.detach(), y).double()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            steps += 1
-    return time.perf_counter() - start, steps
+    with clock() as t:
+        for task in range(args.tasks):
+            total = torch.zeros((), dtype=torch.float64)
+            for i in range(stream.num_chunks):
+                x, y, _ = stream.chunk(task, i)
+                pred = model.predict(x)
+                loss = model.loss(pred, y)
+                total += model.score(pred.detach(), y).double()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                steps += 1
+    return t.wall, steps
 
 
-def main_benchmark(argv: list[str] | None = None) -> None:
-    """Time both loops (best of ``--repeats``, alternating) and print ms per step and their ratio."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/bp_pmnist.yaml", help="a Backprop config")
-    parser.add_argument("--tasks", type=int, default=2)
-    parser.add_argument("--train-size", type=int, default=None, help="examples per task (default: the config's)")
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--small", action="store_true", help="2 tasks of 800 examples, one repeat (the smoke test)")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Time both loops (interleaved, the fastest of ``--repeats`` kept) and report ms per step and their ratio."""
+    p = parser(__doc__, repeats=2)
+    p.add_argument("--config", default="configs/bp_pmnist.yaml", help="a Backprop config")
+    p.add_argument("--tasks", type=int, default=2)
+    p.add_argument("--train-size", type=int, default=None, help="examples per task (default: the config's)")
+    bench = Bench.start("loop_overhead", p, argv)
+    args = bench.args
     if args.small:
         args.tasks, args.train_size, args.repeats = 2, 800, 1
-    torch.set_num_threads(1)
-    best = {"plain": float("inf"), "lightning": float("inf"), "lightning, no bar": float("inf")}
-    steps = {}
     with tempfile.TemporaryDirectory() as root:
-        for _ in range(args.repeats):
-            runs = {
+        runs = interleave(
+            {
                 "plain": lambda: plain_seconds(args, root),
                 "lightning": lambda: lightning_seconds(args, root, True),
                 "lightning, no bar": lambda: lightning_seconds(args, root, False),
-            }
-            for name, run in runs.items():
-                seconds, steps[name] = run()
-                best[name] = min(best[name], seconds)
-    assert len(set(steps.values())) == 1, f"the loops took different numbers of steps: {steps}"
-    n = steps["plain"]
-    print(f"{args.config}, {args.tasks} tasks, {n} steps")
-    for name, seconds in best.items():
-        print(f"{name:>18}: {1000 * seconds / n:.3f} ms/step")
-    print(
-        f"lightning / plain ratio: {best['lightning'] / best['plain']:.3f} "
-        f"(no bar: {best['lightning, no bar'] / best['plain']:.3f}; target <= 1.10)"
-    )
+            },
+            args.repeats,
+        )
+    steps = {run[1] for results in runs.values() for run in results}
+    assert len(steps) == 1, f"the loops took different numbers of steps: {steps}"
+    n = steps.pop()
+    ms = {name: 1e3 * min(s for s, _ in results) / n for name, results in runs.items()}
+    ratio = {name: ms[name] / ms["plain"] for name in ms}
+    rows = [[name, ms[name], ratio[name]] for name in ms]
+    notes = [
+        f"{args.config}, {args.tasks} tasks, {n} steps; target: lightning / plain <= 1.10",
+    ]
+    return bench.finish({"steps": n, "ms_per_step": ms, "ratio": ratio}, ["loop", "ms/step", "ratio"], rows, notes)
 
 
 if __name__ == "__main__":
-    main_benchmark()
+    main()

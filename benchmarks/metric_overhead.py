@@ -4,24 +4,22 @@ Runs one config (default: Backprop on Permuted MNIST with the quick overlay) twi
 config's callbacks minus the metric monitors and once with all of them, and prints the ratio. The two fits
 alternate ``--repeats`` times and the fastest of each is kept, which damps the noise of a shared machine.
 
-    python benchmarks/metric_overhead.py
-    python benchmarks/metric_overhead.py --config configs/qoa_pmnist.yaml --tasks 20 --repeats 2
-    python benchmarks/metric_overhead.py --config configs/qoa_pmnist.yaml --tasks 30 \\
+    python -m benchmarks.metric_overhead
+    python -m benchmarks.metric_overhead --config configs/qoa_pmnist.yaml --tasks 20 --repeats 2
+    python -m benchmarks.metric_overhead --config configs/qoa_pmnist.yaml --tasks 30 \\
         --overlays configs/quick.yaml configs/quick_qoa.yaml      # the README's main command
-    python benchmarks/metric_overhead.py --each                   # and each monitor alone
-    python benchmarks/metric_overhead.py --small --each           # 2 tasks of 400 images (the smoke test)
+    python -m benchmarks.metric_overhead --each                   # and each monitor alone
+    python -m benchmarks.metric_overhead --small --each           # 2 tasks of 400 images (the smoke test)
 """
 
 from __future__ import annotations
 
-import argparse
 import tempfile
-import time
+from typing import Any
 
-import torch
-
+from benchmarks.harness import Bench, clock, interleave, parser
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main
+from cl_lightning.cli import main as cli_main
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor)
 SMALL = [  # --small: every monitor's code path at a size a test can afford
@@ -37,7 +35,7 @@ def timed_fit(
 ) -> float:
     """Seconds of one ``Trainer.fit`` of the quick config with only the monitors in ``keep`` (construction and data
     loading excluded); ``extra``: further CLI arguments."""
-    cli = main(
+    cli = cli_main(
         [
             "--config",
             config,
@@ -56,40 +54,42 @@ def timed_fit(
     for monitor in keep:
         assert any(isinstance(c, monitor) for c in cli.trainer.callbacks), f"config has no {monitor.__name__}"
     cli.datamodule.prepare_data()
-    start = time.perf_counter()
-    cli.trainer.fit(cli.model, cli.datamodule)
-    return time.perf_counter() - start
+    with clock() as t:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    return t.wall
 
 
-def main_benchmark(argv: list[str] | None = None) -> None:
-    """Parse the arguments, time both fits and print the ratio."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/bp_pmnist.yaml")
-    parser.add_argument("--tasks", type=int, default=30, help="tasks of the quick run (the quick overlay's 30)")
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--overlays", nargs="+", default=["configs/quick.yaml"], help="configs applied after --config")
-    parser.add_argument("--each", action="store_true", help="also time each monitor alone")
-    parser.add_argument("--small", action="store_true", help="2 tasks of 400 images, small episodes (the smoke test)")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Time the fits with and without the monitors (interleaved, the fastest of each kept) and report the ratio."""
+    p = parser(__doc__)
+    p.add_argument("--config", default="configs/bp_pmnist.yaml")
+    p.add_argument("--tasks", type=int, default=30, help="tasks of the quick run (the quick overlay's 30)")
+    p.add_argument("--overlays", nargs="+", default=["configs/quick.yaml"], help="configs applied after --config")
+    p.add_argument("--each", action="store_true", help="also time each monitor alone")
+    bench = Bench.start("metric_overhead", p, argv)
+    args = bench.args
     extra = SMALL if args.small else []
-    if args.small:
-        args.tasks, args.repeats = 2, 1
-    torch.set_num_threads(1)
+    tasks, repeats = (2, 1) if args.small else (args.tasks, args.repeats)
     variants: dict[str, tuple[type, ...]] = {"none": (), "all": MONITORS}
     if args.each:
         variants |= {m.__name__: (m,) for m in MONITORS}
-    best = dict.fromkeys(variants, float("inf"))
     with tempfile.TemporaryDirectory() as root:
-        for _ in range(args.repeats):
-            for name, keep in variants.items():
-                best[name] = min(best[name], timed_fit(args.config, args.tasks, keep, root, args.overlays, extra))
-    runs = f"{args.config} + {' + '.join(args.overlays)}, {args.tasks} tasks"
-    print(f"{runs}: without monitors {best['none']:.1f} s, with {best['all']:.1f} s")
-    for name in variants:
-        if name not in ("none", "all"):
-            print(f"  {name} alone: {best[name]:.1f} s, ratio {best[name] / best['none']:.3f}")
-    print(f"metric overhead ratio: {best['all'] / best['none']:.3f} (target <= 1.10)")
+        seconds = interleave(
+            {
+                name: lambda keep=keep: timed_fit(args.config, tasks, keep, root, args.overlays, extra)
+                for name, keep in variants.items()
+            },
+            repeats,
+        )
+    best = {name: min(v) for name, v in seconds.items()}
+    ratio = {name: best[name] / best["none"] for name in variants}
+    rows = [[name, best[name], ratio[name]] for name in variants]
+    runs = f"{args.config} + {' + '.join(args.overlays)}, {tasks} tasks; the fastest of {repeats} fits each"
+    notes = [runs, f"metric overhead ratio: {ratio['all']:.3f} (target <= 1.10)"]
+    return bench.finish(
+        {"seconds": seconds, "best_s": best, "ratio": ratio}, ["monitors", "fit s", "ratio"], rows, notes
+    )
 
 
 if __name__ == "__main__":
-    main_benchmark()
+    main()

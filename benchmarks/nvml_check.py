@@ -7,21 +7,21 @@ This times a bare eager loop of the slowly-changing-regression Backprop step (ML
 Adam 1e-4, PyTorch's default and fused kernels) with the variable set and unset, interleaved, in process CPU time
 on one thread, plus ``torch.cuda.is_available()`` alone.
 
-    python benchmarks/nvml_check.py [--repeats 5] [--steps 3000] [--out nvml.json] [--small]
+    python -m benchmarks.nvml_check [--repeats 5] [--steps 3000] [--out docs/results/nvml] [--small]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 import lightning  # noqa: F401  (sets the variable, as in every run)
 import torch
 from torch import nn
 
+from benchmarks.harness import Bench, interleave, parser
 from cl_lightning.nn.optim import NVML_CHECK
 
 
@@ -59,43 +59,45 @@ def _timed(variable: bool, fn: Callable[[int], float], n: int) -> float:
     return fn(n)
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, list[float]]]:
-    """Time each case with the variable set and unset, interleaved; print and return µs per step by case."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--out", default=None, help="write the measurements as JSON")
-    parser.add_argument("--small", action="store_true", help="2 repeats of 200 steps (the smoke test)")
-    args = parser.parse_args(argv)
-    repeats, steps = (2, 200) if args.small else (args.repeats, args.steps)
-    torch.set_num_threads(args.threads)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Time each case with the variable set and unset, interleaved; return µs per call by case and setting."""
+    p = parser(__doc__, repeats=5)
+    p.add_argument("--steps", type=int, default=3000, help="calls per timing")
+    bench = Bench.start("nvml_check", p, argv)
+    repeats, steps = (2, 200) if bench.args.small else (bench.args.repeats, bench.args.steps)
     before = os.environ.get(NVML_CHECK)
     cases = {"is_available()": _is_available, "adam step": _loop(False), "fused adam step": _loop(True)}
     for fn in cases.values():  # warm up: first calls, allocator, optimiser state
         fn(50)
-    results: dict[str, dict[str, list[float]]] = {c: {"set": [], "unset": []} for c in cases}
+    results: dict[str, dict[str, list[float]]] = {}
     try:
-        for _ in range(repeats):
-            for case, fn in cases.items():
-                for variable in (True, False):
-                    results[case]["set" if variable else "unset"].append(_timed(variable, fn, steps))
+        for case, fn in cases.items():
+            timed = interleave(
+                {"set": lambda fn=fn: _timed(True, fn, steps), "unset": lambda fn=fn: _timed(False, fn, steps)}, repeats
+            )
+            results[case] = timed
     finally:
         if before is None:
             os.environ.pop(NVML_CHECK, None)
         else:
             os.environ[NVML_CHECK] = before
-    print(f"µs per call, process CPU time, {args.threads} thread(s), {repeats} x {steps}, interleaved")
-    print(f"{'case':<18}{'variable set':>18}{'unset':>18}{'saved':>10}{'ratio':>8}")
+    rows = []
     for case, r in results.items():
         s, u = sorted(r["set"]), sorted(r["unset"])
-        ratio = s[len(s) // 2] / u[len(u) // 2]
-        saved = s[len(s) // 2] - u[len(u) // 2]
-        print(f"{case:<18}{s[0]:>8.1f}-{s[-1]:<9.1f}{u[0]:>8.1f}-{u[-1]:<9.1f}{saved:>10.1f}{ratio:>8.2f}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
-    return results
+        median_set, median_unset = s[len(s) // 2], u[len(u) // 2]
+        rows.append(
+            [
+                case,
+                f"{s[0]:.1f}-{s[-1]:.1f}",
+                f"{u[0]:.1f}-{u[-1]:.1f}",
+                median_set - median_unset,
+                median_set / median_unset,
+            ]
+        )
+    note = f"µs per call, process CPU time, {repeats} interleaved rounds of {steps} calls."
+    return bench.finish(
+        {"us_per_call": results}, ["case", "variable set", "unset", "saved (median)", "ratio"], rows, [note]
+    )
 
 
 if __name__ == "__main__":

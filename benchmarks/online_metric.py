@@ -10,20 +10,19 @@ each incoming chunk from the newest ``support_size`` stored examples before the 
    spread (standard deviation) of the groups' task means is the standard error of a task's logged online accuracy
    with k queries per chunk, beside the binomial figure sqrt(p(1 − p) / (145 k)).
 
-    python benchmarks/online_metric.py                      # both, 2 threads (~3 min on 2 busy cores)
-    python benchmarks/online_metric.py --small              # tiny sizes (the smoke test)
+    python -m benchmarks.online_metric                      # both, 2 threads (~3 min on 2 busy cores)
+    python -m benchmarks.online_metric --small              # tiny sizes (the smoke test)
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import tempfile
-import time
+from typing import Any
 
 import torch
 
+from benchmarks.harness import Bench, clock, interleave, parser
 from cl_lightning import cli
 from cl_lightning.learners import QueryOnlyAttention
 from cl_lightning.nn.optim import prefer_fused
@@ -52,14 +51,15 @@ def cost(rounds: int, reps: int, small: bool = False) -> dict[int, float]:
     jobs = {0: train, **{k: (lambda k=k: online(k)) for k in (1, 2, 4, 8)}}
     for job in jobs.values():
         job()
-    ms: dict[int, list[float]] = {k: [] for k in jobs}
-    for _ in range(rounds):
-        for k, job in jobs.items():
-            start = time.perf_counter()
+
+    def timed(job: Any) -> float:
+        with clock() as t:
             for _ in range(reps):
                 job()
-            ms[k].append((time.perf_counter() - start) / reps * 1e3)
-    return {k: statistics.median(v) for k, v in ms.items()}
+        return t.wall / reps * 1e3
+
+    ms = interleave({str(k): lambda job=job: timed(job) for k, job in jobs.items()}, rounds)
+    return {int(k): statistics.median(v) for k, v in ms.items()}
 
 
 def noise(tasks: int, small: bool = False) -> list[torch.Tensor]:
@@ -101,34 +101,36 @@ def noise(tasks: int, small: bool = False) -> list[torch.Tensor]:
     return [torch.stack(h) for h in hits if h]
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run both measurements and print them."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", type=int, default=2)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run both measurements; the result holds the cost per k and each task's standard errors."""
+    p = parser(__doc__, threads=2, repeats=5)
     p.add_argument("--tasks", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--small", action="store_true", help="a 16-wide scorer, 2 tasks of 1,200 images (smoke test)")
-    args = p.parse_args(argv)
-    if args.small:
-        args.tasks, args.rounds, args.reps = 2, 1, 2
-    sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from main(), not from this command line
-    torch.set_num_threads(args.threads)
-    ms = cost(args.rounds, args.reps, args.small)
-    print(f"training step (V1, 1 query x 990 supports): {ms[0]:.2f} ms")
-    for k in (1, 2, 4, 8):
-        share = ms[k] / ms[0]
-        print(f"online metric, {k} queries x 1,000 supports: {ms[k]:.2f} ms ({share:.2f} of a step)")
-    per_task = noise(args.tasks, args.small)
-    for t, h in enumerate(per_task):
+    p.add_argument("--reps", type=int, default=20, help="calls per timing")
+    bench = Bench.start("online_metric", p, argv)
+    args = bench.args
+    if args.small:  # a 16-wide scorer, 2 tasks of 1,200 images
+        args.tasks, args.repeats, args.reps = 2, 1, 2
+    ms = cost(args.repeats, args.reps, args.small)
+    rows: list[list[Any]] = [["training step (1 query x 990 supports)", ms[0], 1.0]]
+    rows += [[f"online metric, {k} queries x 1,000 supports", ms[k], ms[k] / ms[0]] for k in (1, 2, 4, 8)]
+    tasks = []
+    for h in noise(args.tasks, args.small):
         chunks, p_hat = h.shape[0], float(h.mean())
-        line = [f"task {t}: {chunks} chunks, online acc {p_hat:.3f}"]
+        se = {}
         for k in (1, 2, 4, 8):
             groups = h.view(chunks, K_MAX // k, k).mean((0, 2))  # (16 / k,) task means of disjoint groups
-            binomial = (p_hat * (1 - p_hat) / (chunks * k)) ** 0.5
-            line.append(f"k={k}: SE {float(groups.std()):.4f} (binomial {binomial:.4f})")
-        print("; ".join(line))
+            se[k] = (float(groups.std()), (p_hat * (1 - p_hat) / (chunks * k)) ** 0.5)
+        tasks.append({"chunks": chunks, "online_acc": p_hat, "se": se})
+    notes = [
+        "\n".join(
+            f"task {t}: {r['chunks']} chunks, online acc {r['online_acc']:.3f}; "
+            + "; ".join(f"k={k}: SE {m:.4f} (binomial {b:.4f})" for k, (m, b) in r["se"].items())
+            for t, r in enumerate(tasks)
+        )
+    ]
+    result = {"ms": ms, "tasks": tasks}
+    return bench.finish(result, ["what", "ms", "share of a step"], rows, notes)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

@@ -13,11 +13,11 @@ Runs the first ``--tasks`` tasks of a config at its full size (default: QOA V1 o
   phase (training, episodes, each monitor, ...) sampled every 10 ms; the projected 7,500-task time (steady tasks,
   plus the probe rows, the initial row and the monitors at their configured frequencies).
 
-    python benchmarks/paper_size.py                               # 3 tasks of configs/qoa_pmnist.yaml, 2 threads
-    python benchmarks/paper_size.py --tasks 4 --config configs/qoa_pmnist.yaml --set model.init_args.online_queries=2
-    python benchmarks/paper_size.py --gpu                         # CUDA, bf16-mixed: the GPU benchmark
-    python benchmarks/paper_size.py --gpu --device cpu --small    # the GPU code path on CPU, tiny sizes (tests)
-    python benchmarks/paper_size.py --set model.init_args.compile=true    # QOA's training step compiled
+    python -m benchmarks.paper_size                               # 3 tasks of configs/qoa_pmnist.yaml, 2 threads
+    python -m benchmarks.paper_size --tasks 4 --config configs/qoa_pmnist.yaml --set model.init_args.online_queries=2
+    python -m benchmarks.paper_size --gpu                         # CUDA, bf16-mixed: the GPU benchmark
+    python -m benchmarks.paper_size --gpu --device cpu --small    # the GPU code path on CPU, tiny sizes (tests)
+    python -m benchmarks.paper_size --set model.init_args.compile=true    # QOA's training step compiled
 
 It only uses the CLI and Lightning hooks, so ``PYTHONPATH=<another checkout>`` times that checkout's code with the
 same yardstick (interleave runs to compare on a shared machine).
@@ -26,10 +26,8 @@ same yardstick (interleave runs to compare on a shared machine).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -41,11 +39,13 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from benchmarks.harness import Bench, clock, matmul_gflops, parser, sync
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main
+from cl_lightning.cli import main as cli_main
 from cl_lightning.contract import EvalBatch
 
 MONITORS = (ForgettingMonitor, PlasticityMonitor, HessianMonitor, CostMonitor)
+MONITOR_NAMES = tuple(m.__name__ for m in MONITORS)
 HOOKS = (
     "on_fit_start",
     "on_train_epoch_start",
@@ -69,24 +69,6 @@ SMALL = [  # --small: the same code path at a size a test can afford
     "--model.init_args.memory_size=1000",
     "--model.init_args.support_size=100",
 ]
-
-
-def matmul_gflops(device: torch.device, dtype: torch.dtype, n: int = 2048, reps: int = 4) -> tuple[float, float]:
-    """Best-of-three rate of an ``n × n`` matrix product on ``device`` in ``dtype``: GFLOP per wall second and per
-    CPU second of this process (all threads together)."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
-    c = a @ b
-    best, best_cpu = 0.0, 0.0
-    for _ in range(3):
-        _sync(device)
-        start, cpu = time.perf_counter(), time.process_time()
-        for _ in range(reps):
-            torch.mm(a, b, out=c)
-        _sync(device)
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start) / 1e9)
-        best_cpu = max(best_cpu, 2 * n**3 * reps / max(time.process_time() - cpu, 1e-9) / 1e9)
-    return best, best_cpu
 
 
 def _status_kb(*fields: str) -> list[int]:
@@ -119,11 +101,6 @@ class MemorySampler(threading.Thread):
             self.peak_rss_kb[phase] = max(self.peak_rss_kb[phase], rss)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class PhaseTimer(Callback):
     """Times every hook of the other callbacks and the learner's steps, and counts the scorer's flops.
 
@@ -146,17 +123,14 @@ class PhaseTimer(Callback):
         def timed(*args: Any, **kwargs: Any) -> Any:
             key = label(args) if callable(label) else label
             outer, self.phase = self.phase, key
-            _sync(self.device)
-            start, cpu = time.perf_counter(), time.process_time()
             try:
-                out = fn(*args, **kwargs)
+                with clock(self.device) as t:
+                    out = fn(*args, **kwargs)
             finally:
-                _sync(self.device)
-                seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu
                 self.phase = outer
             bucket = self.init_row if key == "init_row" else self.tasks[trainer.current_epoch]
-            bucket[key] += seconds
-            bucket[key + "_cpu"] += cpu_seconds
+            bucket[key] += t.wall
+            bucket[key + "_cpu"] += t.cpu
             if key == "training":
                 bucket["steps"] += 1
                 bucket["updates"] += out is not None
@@ -240,12 +214,12 @@ class PhaseTimer(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the task's wall clock."""
-        _sync(self.device)
+        sync(self.device)
         self.epoch_start, self.epoch_cpu = time.perf_counter(), time.process_time()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Close the task's wall clock (validation runs before this hook) and stop after ``stop_after`` tasks."""
-        _sync(self.device)
+        sync(self.device)
         self.tasks[trainer.current_epoch]["wall"] = time.perf_counter() - self.epoch_start
         self.tasks[trainer.current_epoch]["wall_cpu"] = time.process_time() - self.epoch_cpu
         if trainer.current_epoch + 1 >= self.stop_after:
@@ -276,9 +250,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import_rss_kb, import_anon_kb = _status_kb("VmRSS", "RssAnon")  # torch + Lightning imported, nothing run
     memory = MemorySampler()
     memory.start()
-    mm_before = [matmul_gflops(device, mm_dtype) for _ in range(2)]
+    mm_n = 256 if args.small else 2048  # the yardstick at --small: seconds, not a measurement
+    mm_before = [matmul_gflops(device, mm_dtype, n=mm_n) for _ in range(2)]
     with tempfile.TemporaryDirectory() as root:
-        cli = main(
+        cli = cli_main(
             [*cli_args, f"--trainer.logger.init_args.save_dir={root}", f"--trainer.default_root_dir={root}"],
             run=False,
         )
@@ -288,16 +263,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         timer.install(trainer, model, dm.stream)
         memory.timer = timer
         dm.prepare_data()
-        start = time.perf_counter()
-        trainer.fit(model, dm)
-        total = time.perf_counter() - start
+        with clock(device) as fit:
+            trainer.fit(model, dm)
+        total = fit.wall
         memory.timer = None
     rss_mb = _status_kb("VmHWM")[0] / 1024  # the run's peak, before the yardstick's own 3 × 16 MB matrices
-    mm_after = [matmul_gflops(device, mm_dtype) for _ in range(2)]
+    mm_after = [matmul_gflops(device, mm_dtype, n=mm_n) for _ in range(2)]
     memory.stopped.set()
     memory.join()
     return {
         "config": args.config,
+        "matmul_n": mm_n,
         "load": (load_before, os.getloadavg()[0]),
         "tasks": {t: dict(v) for t, v in timer.tasks.items()},
         "init_row": dict(timer.init_row),
@@ -326,9 +302,10 @@ def report(m: dict[str, Any]) -> str:
     lines = [
         f"{m['config']}: {len(m['tasks'])} tasks of {m['num_tasks']}, {m['threads']} threads, "
         f"total {m['total_s']:.1f} s, load average {m['load'][0]:.1f} → {m['load'][1]:.1f}",
-        f"matmul 2048²: {min(rates):.0f}–{rate:.0f} GFLOP/s, {cpu_rate:.0f} GFLOP per CPU second (floor at the best)",
+        f"matmul {m['matmul_n']}²: {min(rates):.0f}–{rate:.0f} GFLOP/s, {cpu_rate:.0f} GFLOP per CPU second "
+        "(floor at the best)",
     ]
-    monitors = ["ForgettingMonitor", "PlasticityMonitor", "HessianMonitor", "CostMonitor"]
+    monitors = MONITOR_NAMES
     init = m["init_row"]
     t0 = m["tasks"].get(0, {})
     ep_s = _episode_seconds(m)
@@ -425,13 +402,12 @@ def _episode_seconds(m: dict[str, Any]) -> float:
     return statistics.fmean(v["episodes"] / v["episodes_n"] for v in steady)
 
 
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line arguments."""
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run, print the report, and return the measurements."""
+    p = parser(__doc__, threads=2)
     p.add_argument("--config", default="configs/qoa_pmnist.yaml")
     p.add_argument("--overlays", nargs="*", default=[], help="configs applied after --config")
     p.add_argument("--tasks", type=int, default=3, help="tasks to run (task 0 is reported apart)")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (the reference machine has 2 cores)")
     p.add_argument(
         "--set", nargs="*", default=[], help="CLI overrides without the leading --, e.g. model.init_args.x=1"
     )
@@ -444,26 +420,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="keep the config's backward lag (default: lag 1, so tasks 1.. already have both episodes; the cost of an "
         "episode does not depend on the lag, only its task's regeneration when it left the stream's cache, ~0.1 s)",
     )
-    p.add_argument("--small", action="store_true", help="tiny sizes: the same code path in seconds (tests)")
-    p.add_argument("--json", default=None, help="also write the raw measurements here")
-    args = p.parse_args(argv)
+    bench = Bench.start("paper_size", p, argv)
+    args = bench.args
     if args.device is None:
         args.device = "cuda" if args.gpu else "cpu"
-    return args
-
-
-def benchmark(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run, print the report, and return the measurements."""
-    args = parse(argv)
-    sys.argv = sys.argv[:1]  # LightningCLI gets its arguments from run(), not from this command line
-    torch.set_num_threads(args.threads)
     m = run(args)
-    print(report(m), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(m, f, indent=1, default=str)
-    return m
+    steady = [v for t, v in m["tasks"].items() if t > 0 and "wall" in v]
+    keys = ("wall", "training", "episodes", "episodes_probe", "checkpoint", "callbacks", *MONITOR_NAMES)
+    rows = [[k, statistics.fmean(v.get(k, 0.0) for v in steady)] for k in keys] if steady else []
+    return bench.finish(m, ["phase (steady task mean)", "s"], rows, [report(m)])
 
 
 if __name__ == "__main__":
-    benchmark(sys.argv[1:])
+    main()

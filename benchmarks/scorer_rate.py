@@ -5,32 +5,25 @@ through the old path (queries in chunks of ``pair_budget`` = 65,536 pairs throug
 ``PairScorer.score_blocked``, interleaved ``--repeats`` times, timed in this process's CPU seconds (a shared
 machine disturbs them less than wall seconds).
 
-    python benchmarks/scorer_rate.py [--threads 1] [--repeats 2]
-    python benchmarks/scorer_rate.py --small    # 50 queries x 100 supports, a 512² matmul, once (the smoke test)
+    python -m benchmarks.scorer_rate [--threads 1] [--repeats 2]
+    python -m benchmarks.scorer_rate --small    # 50 queries x 100 supports, a 512² matmul, once (the smoke test)
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-import time
+from typing import Any
 
 import torch
 
+from benchmarks.harness import Bench, clock, interleave, matmul_gflops, parser
 from cl_lightning.nn.scorers import PairScorer, tuned_block_pairs
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Print GFLOP per CPU second of the matmul and of both paths, per repeat."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--small", action="store_true", help="50 queries x 100 supports, a 512² matmul, one repeat")
-    args = parser.parse_args(argv)
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """GFLOP per CPU second of the matmul yardstick and of both paths, per round."""
+    bench = Bench.start("scorer_rate", parser(__doc__, repeats=2), argv)
+    args = bench.args
     queries, supports, n = (50, 100, 512) if args.small else (500, 1000, 2048)
-    if args.small:
-        args.repeats = 1
-    torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     scorer = PairScorer(49, 10)
     qx, sx, sy = torch.rand(queries, 49), torch.rand(supports, 49), torch.randint(0, 10, (supports,))
@@ -41,25 +34,25 @@ def main(argv: list[str] | None = None) -> None:
         step = scorer.pair_budget // supports
         return torch.cat([scorer.tail(scorer.query_part(q)[:, None, :] + a[None]) for q in qx.split(step)])
 
-    def matmul() -> float:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        c = a @ b
-        start = time.process_time()
-        for _ in range(4):
-            torch.mm(a, b, out=c)
-        return 4 * 2 * n**3 / (time.process_time() - start) / 1e9
+    def rate(fn: Any) -> float:
+        with torch.no_grad(), clock() as t:
+            fn()
+        return flops / max(t.cpu, 1e-9) / 1e9
 
     block = tuned_block_pairs(100, 9, torch.device("cpu"), torch.float32)
-    print(f"measured block: {block} pairs; load average {os.getloadavg()[0]:.1f}")
-    with torch.no_grad():
-        for _ in range(args.repeats):
-            rates = {f"matmul {n}²": matmul()}
-            for name, fn in (("before", old), ("blocked", lambda: scorer(qx, sx, sy))):
-                start = time.process_time()
-                fn()
-                rates[name] = flops / (time.process_time() - start) / 1e9
-            shown = ", ".join(f"{k} {v:.1f}" for k, v in rates.items())
-            print(f"GFLOP per CPU second: {shown}; load average {os.getloadavg()[0]:.1f}", flush=True)
+    rates = interleave(
+        {
+            "matmul": lambda: matmul_gflops(n=n)[1],
+            "before": lambda: rate(old),
+            "blocked": lambda: rate(lambda: scorer(qx, sx, sy)),
+        },
+        1 if args.small else args.repeats,
+    )
+    rows = [[f"matmul {n}²" if name == "matmul" else name, *values] for name, values in rates.items()]
+    columns = ["path", *(f"GFLOP per CPU s, round {r + 1}" for r in range(len(rates["matmul"])))]
+    return bench.finish(
+        {"block_pairs": block, "gflop_per_cpu_s": rates}, columns, rows, [f"measured block: {block} pairs"]
+    )
 
 
 if __name__ == "__main__":

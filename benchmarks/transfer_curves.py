@@ -5,28 +5,31 @@ accuracy on a permutation it never trained on matches its forward accuracy, and 
 matches both. This script fits a config (plus overlays and ``--set`` overrides) through the package's CLI with the
 metric monitors and checkpoints off, and every ``--every`` tasks logs the run's forward and backward accuracy and
 the learner's accuracy on ``--unseen`` permutations of a stream with another seed (each an episode of the same
-context and query sizes). Prints one row per probe and writes them as CSV.
+context and query sizes). Prints one row per probe; with ``--out``, also writes every task's forward and backward
+accuracy to ``<out>/transfer_curves.tasks.csv``.
 
-    python benchmarks/transfer_curves.py --overlays configs/quick.yaml configs/quick_qoa.yaml
-    python benchmarks/transfer_curves.py --config configs/bp_pmnist.yaml --overlays configs/demo_pmnist.yaml \\
-        --set data.stream.init_args.num_tasks=100 --out logs/curves/bp.csv
-    python benchmarks/transfer_curves.py --small    # 2 tasks of 400 images, probes after each (the smoke test)
+    python -m benchmarks.transfer_curves --overlays configs/quick.yaml configs/quick_qoa.yaml
+    python -m benchmarks.transfer_curves --config configs/bp_pmnist.yaml --overlays configs/demo_pmnist.yaml \\
+        --set data.stream.init_args.num_tasks=100 --out logs/curves/bp
+    python -m benchmarks.transfer_curves --small    # 2 tasks of 400 images, probes after each (the smoke test)
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
+import math
+import statistics
 import tempfile
 import time
-from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from benchmarks.harness import Bench, clock, parser
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main
+from cl_lightning.cli import main as cli_main
 from cl_lightning.contract import EvalSlot, metric_key
 from cl_lightning.data import PermutedMNIST
 
@@ -88,7 +91,7 @@ class TransferProbe(Callback):
             f"task {task:5d} steps {row['steps']:6d}  forward {row['forward']:.3f}  backward {row['backward']:.3f}  "
             f"unseen {row['unseen']:.3f}  {row['seconds']:.0f} s",
             flush=True,
-        )
+        )  # progress while a long run goes; the table comes at the end
 
 
 class TaskMetrics(Callback):
@@ -117,7 +120,7 @@ def run(
         f"--trainer.logger.init_args.save_dir={root}",
         f"--trainer.default_root_dir={root}",
     ]
-    cli = main(args, run=False)
+    cli = cli_main(args, run=False)
     cli.trainer.callbacks[:] = [c for c in cli.trainer.callbacks if not isinstance(c, MONITORS)]
     dm = cli.datamodule
     s = dm.stream
@@ -133,45 +136,47 @@ def run(
     per_task = TaskMetrics()
     cli.trainer.callbacks += [probe, per_task]
     dm.prepare_data()
-    start = time.perf_counter()
-    cli.trainer.fit(cli.model, dm)
-    return probe, per_task, time.perf_counter() - start
+    with clock() as t:
+        cli.trainer.fit(cli.model, dm)
+    return probe, per_task, t.wall
 
 
-def main_benchmark(argv: list[str] | None = None) -> None:
-    """Parse the arguments, fit, print the curve and the last-10-task means, write the CSV."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/qoa_pmnist.yaml")
-    parser.add_argument("--overlays", nargs="*", default=["configs/quick.yaml", "configs/quick_qoa.yaml"])
-    parser.add_argument("--set", dest="sets", nargs="*", default=[], help="overrides, e.g. model.init_args.lr=1e-3")
-    parser.add_argument("--every", type=int, default=10, help="tasks between probes")
-    parser.add_argument("--unseen", type=int, default=5, help="unseen permutations per probe")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: leave as is)")
-    parser.add_argument("--out", default=None, help="CSV of the probes (and <out>.tasks.csv: every task's metrics)")
-    parser.add_argument("--small", action="store_true", help="2 tasks of 400 images, small episodes, 1 unseen task")
-    args = parser.parse_args(argv)
-    if args.small:
+def _last10(values: list[float]) -> float:
+    seen = [v for v in values[-10:] if not math.isnan(v)]
+    return statistics.fmean(seen) if seen else math.nan
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Fit with the probes; the result holds the probe rows, every task's metrics and the last-10-task means."""
+    p = parser(__doc__, threads=0)
+    p.add_argument("--config", default="configs/qoa_pmnist.yaml")
+    p.add_argument("--overlays", nargs="*", default=["configs/quick.yaml", "configs/quick_qoa.yaml"])
+    p.add_argument("--set", dest="sets", nargs="*", default=[], help="overrides, e.g. model.init_args.lr=1e-3")
+    p.add_argument("--every", type=int, default=10, help="tasks between probes")
+    p.add_argument("--unseen", type=int, default=5, help="unseen permutations per probe")
+    bench = Bench.start("transfer_curves", p, argv)
+    args = bench.args
+    if args.small:  # 2 tasks of 400 images, small episodes, 1 unseen task
         args.sets, args.every, args.unseen = [*SMALL, *args.sets], 1, 1
-    if args.threads:
-        torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as root:
         probe, per_task, seconds = run(args.config, args.overlays, args.sets, args.every, args.unseen, root)
-    fwd = torch.tensor(per_task.forward[-10:]).nanmean().item()
-    bwd = torch.tensor(per_task.backward[-10:]).nanmean().item()
+    last10 = {"forward": _last10(per_task.forward), "backward": _last10(per_task.backward)}
     unseen = probe.rows[-1]["unseen"]
-    print(f"last 10 tasks: forward {fwd:.3f} backward {bwd:.3f} (gap {fwd - bwd:+.3f}); unseen {unseen:.3f}")
-    print(f"fit: {seconds:.0f} s")
+    notes = [
+        f"last 10 tasks: forward {last10['forward']:.3f} backward {last10['backward']:.3f} "
+        f"(gap {last10['forward'] - last10['backward']:+.3f}); unseen {unseen:.3f}; fit {seconds:.0f} s"
+    ]
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(probe.rows[0]))
-            writer.writeheader()
-            writer.writerows(probe.rows)
-        with open(Path(args.out).with_suffix(".tasks.csv"), "w", newline="") as f:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "transfer_curves.tasks.csv", "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(["task", "forward", "backward"])
             writer.writerows(zip(range(len(per_task.forward)), per_task.forward, per_task.backward, strict=True))
+    columns = list(probe.rows[0])
+    rows = [[r[c] for c in columns] for r in probe.rows]
+    result = {"probes": probe.rows, "forward": per_task.forward, "backward": per_task.backward, "last10": last10}
+    return bench.finish({**result, "unseen": unseen, "fit_s": seconds}, columns, rows, notes)
 
 
 if __name__ == "__main__":
-    main_benchmark()
+    main()

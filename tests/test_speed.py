@@ -1,12 +1,9 @@
 """The fast paths give the reference numbers: blocked scorer evaluation, fused Adam, window-only label reads,
-streamed plasticity rows, and the paper-size benchmark runs (its GPU code path on CPU)."""
+streamed plasticity rows, and evaluation split over DDP ranks."""
 
 from __future__ import annotations
 
-import re
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -177,25 +174,6 @@ def test_strided_rows_are_evenly_spaced_and_bounded(total: int, max_rows: int) -
         assert torch.equal(kept, expected)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("gpu_flag", [False, True])
-def test_paper_size_benchmark_runs_small(gpu_flag: bool, capsys: pytest.CaptureFixture[str]) -> None:
-    """The benchmark (and with ``--gpu --device cpu``, the GPU benchmark's code path: bf16-mixed) prints its table."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    import paper_size
-
-    argv = ["--small", "--tasks", "3", "--threads", "1"] + (["--gpu", "--device", "cpu"] if gpu_flag else [])
-    m = paper_size.benchmark(argv)
-    out = capsys.readouterr().out
-    assert "projected 20-task time" in out
-    assert "flop floor" in out
-    steady = [v for t, v in m["tasks"].items() if t > 0]
-    assert len(steady) == 2
-    assert all(v["updates"] > 0 and v["flops_training"] > 0 for v in steady)
-    assert m["init_row"]["init_row"] > 0
-    assert m["tasks"][0]["episodes_probe_n"] == 10
-
-
 def _episode() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(1)
     return (
@@ -245,52 +223,3 @@ def test_evaluation_split_over_two_gloo_ranks_equals_one_process(tmp_path: Path)
         torch.testing.assert_close(split, single, rtol=1e-5, atol=1e-5)
         assert torch.equal(split.argmax(1), single.argmax(1))
         assert "use_distributed_sampler=false" in torch.load(f"{out}.err{rank}")
-
-
-def test_gpu_check_script_is_valid_bash() -> None:
-    """The GPU check (``bash benchmarks/gpu_paper_size.sh``, run when a GPU is lent) at least parses."""
-    import subprocess
-
-    script = Path(__file__).parents[1] / "benchmarks" / "gpu_paper_size.sh"
-    assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
-
-
-@pytest.mark.slow  # ~25 s on 2 busy cores: two tiny tasks of the paper-size config under the taint recorder
-def test_gpu_sync_check_runs_on_cpu_and_finds_no_sync(capsys: pytest.CaptureFixture[str]) -> None:
-    """The GPU check's sync count, in its CPU mode (the taint recorder of tests/sync_check.py): none per step."""
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    import gpu_sync_check
-
-    result = gpu_sync_check.check(["--device", "cpu", "--small"])
-    assert result["steps"] >= 10
-    assert sum(result["events"].values()) == 0
-    assert "synchronisations: 0" in capsys.readouterr().out
-
-
-def _bench(name: str) -> ModuleType:
-    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    return __import__(name)
-
-
-@pytest.mark.slow  # ~17 s on 2 busy cores: two tiny Permuted-MNIST tasks with 16 online queries per chunk
-def test_online_metric_benchmark_runs_small(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sys, "argv", sys.argv[:1])
-    _bench("online_metric").main(["--small", "--threads", "1"])
-    out = capsys.readouterr().out
-    shares = [float(s) for s in re.findall(r"ms \(([\d.]+) of a step\)", out)]
-    assert len(shares) == 4
-    assert all(s > 0 for s in shares)
-    rows = re.findall(r"task \d: (\d+) chunks, online acc ([\d.]+); k=1: SE ([\d.]+)", out)
-    assert len(rows) == 2
-    assert all(0 <= float(acc) <= 1 and float(se) >= 0 for _, acc, se in rows)
-    assert int(rows[1][0]) == 24  # 1,200 images in chunks of 50
-
-
-@pytest.mark.slow  # inductor compiles a tiny scorer's step: ~10-30 s
-def test_compile_step_benchmark_runs_small(capsys: pytest.CaptureFixture[str]) -> None:
-    ms = _bench("compile_step").main(["--small", "--threads", "1"])
-    assert [len(v) for v in ms.values()] == [2, 2]
-    assert all(v > 0 for values in ms.values() for v in values)
-    assert "compiled / eager: median" in capsys.readouterr().out

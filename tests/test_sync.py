@@ -1,5 +1,5 @@
 """No host-device synchronisation per training step (issue: the GPU path), checked on the CPU by taint tracking
-(:mod:`tests.sync_check`): N steps of QOA V1's window sampler, Backprop, EWC and CBP after a warm-up (kNN, full
+(:mod:`benchmarks.sync_check`): N steps of QOA V1's window sampler, Backprop, EWC and CBP after a warm-up (kNN, full
 attention, parametric attention and MAML among the slow tests)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.sync_check import MAX_PER_TASK, PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
 from cl_lightning.cli import main
 from tests.helpers import BACKPROP, CBP, FULL_ATTENTION, KNN, MAML, PARAMETRIC, tiny_args
-from tests.sync_check import MAX_PER_TASK, PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
 
 QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes
     "--model=cl_lightning.learners.QueryOnlyAttention",

@@ -1,0 +1,1 @@
+"""Benchmarks: each is ``python -m benchmarks.<name>`` and ``main(argv) -> dict``, through :mod:`.harness`."""
