@@ -34,7 +34,7 @@ import numpy as np
 import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
-from cl_lightning.results import Experiment, final_window, last_value
+from cl_lightning.results import Experiment, PaperWindows, final_window, last_value
 
 SCALARS = ("forward", "backward", "online")
 
@@ -99,6 +99,7 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
                 exp = Experiment(
                     name, label, num_tasks, metric, stream=stream or None, published=published, warmup_tasks=warmup
                 )
+                exp.backward_lag = config.get("data", {}).get("backward_lag")
             record = json.loads((d / "trial.json").read_text()) if (d / "trial.json").exists() else {}
             exp.add(seed, per_task(scalars, exp.num_tasks, warmup), record)
         experiments.append(exp)
@@ -113,10 +114,32 @@ def published_numbers() -> dict[str, Any]:
 def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
     """The paper's numbers for this experiment: benchmark from the suite (or the stream class), method from the
     suite's ``published`` key (or the experiment's name when it is a method key)."""
-    benchmarks = paper["benchmarks"]
-    bench = meta.get("benchmark") or next((k for k, b in benchmarks.items() if b["stream"] == exp.stream), None)
-    methods = benchmarks.get(bench, {}).get("methods", {})
+    methods = paper["benchmarks"].get(_benchmark(exp, meta, paper), {}).get("methods", {})
     return methods.get(exp.published or exp.name, {})
+
+
+def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> str | None:
+    """The benchmark key: the suite's, else the one whose stream the experiment ran."""
+    return meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+
+
+def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, PaperWindows]:
+    """Per experiment with a paper curve (``published.yaml``'s ``windows``), the paper's windows and chance level."""
+    paper, out = published_numbers(), {}
+    for exp in experiments:
+        spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
+        windows = paper_entry(exp, meta, paper).get("windows")
+        if windows is not None:
+            scores = {role: windows[role] for role in ("forward", "backward") if role in windows}
+            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]))
+    return out
+
+
+def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> float | None:
+    """The benchmark's chance score (``published.yaml``'s ``chance``; ``None`` for regression or an unknown one)."""
+    paper = published_numbers()
+    levels = {paper["benchmarks"].get(_benchmark(e, meta, paper), {}).get("chance") for e in experiments}
+    return levels.pop() if len(levels) == 1 else None
 
 
 def paper_text(entry: dict[str, Any] | None, key: str = "end") -> str:
@@ -181,7 +204,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         writer.writerows(rows)
     head = (
         "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
-        "| s/task | paper s/task | peak GiB |"
+        "| s/task | paper s/task | peak GiB | departures from the paper config |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -192,6 +215,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
         cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
         cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
+        cells += [r.get("departures", "not compared")]
         lines.append("| " + " | ".join(cells) + " |")
     metric = rows[0]["metric"]
     notes = (
@@ -199,11 +223,23 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
         "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
         "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
-        "at its full length: they compare with a run of the same length only.\n"
+        "at its full length: they compare with a run of the same length only. Departures: resolved config values "
+        "the runs change from their experiment's paper config (`departures.md`).\n"
     )
     text = "\n".join(lines) + "\n" + notes
     (out / "table.md").write_text(text)
     return text
+
+
+def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
+    """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
+    from cl_lightning.departures import departures_text, suite_departures, write_departures
+
+    found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
+    for row in rows:
+        row["departures"] = departures_text(found[row["experiment"]])
+    write_departures(found, {r["experiment"]: r["label"] for r in rows}, meta, out)
+    return "departures.md"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,15 +250,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
+    p.add_argument("--out", help="where to write the report (default: <suite_dir>/report)")
     opts = p.parse_args(argv)
     suite_dir = Path(opts.suite_dir)
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
         raise SystemExit(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
-    out = suite_dir / "report"
-    out.mkdir(exist_ok=True)
-    text = write_table(table_rows(experiments, meta), out)
-    figures = write_figures(experiments, out)
+    out = Path(opts.out) if opts.out else suite_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table_rows(experiments, meta)
+    found = add_departures(rows, suite_dir, meta, out)
+    text = write_table(rows, out)
+    figures = write_figures(experiments, out, paper_points(experiments, meta), chance_level(experiments, meta))
     print(text)
-    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *figures]))
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", found, *figures]))
     return 0
