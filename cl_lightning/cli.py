@@ -44,6 +44,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 import cl_lightning.callbacks
 import cl_lightning.data
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
+from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.heap import fix_mmap_threshold
 from cl_lightning.callbacks.progress import TaskProgressBar
@@ -269,7 +270,10 @@ class CLI(LightningCLI):
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""
-        sys.stdout.write(run_summary(self.trainer, time.monotonic() - getattr(self, "_started", time.monotonic())))
+        monitor = next((c for c in self.trainer.callbacks if isinstance(c, ForgettingMonitor)), None)
+        recent = monitor.recent_means(10) if monitor is not None else None
+        seconds = time.monotonic() - getattr(self, "_started", time.monotonic())
+        sys.stdout.write(run_summary(self.trainer, seconds, recent))
 
 
 class _ConfigOnly(CLI):
