@@ -100,9 +100,10 @@ def curves_figure(
     """
     entries = len(experiments) + len(paper or {}) + (chance is not None)
     bottom = 0.75 + 0.17 * (math.ceil(entries / 3) + 1)  # inches: tick labels, then the legend's title and rows
-    fig = Figure(figsize=(6.2 * len(panels), 3.6 + bottom), dpi=110)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=bottom / (3.6 + bottom), top=1 - 0.3 / (3.6 + bottom))
-    fig.subplots_adjust(wspace=0.15)
+    width, height = 6.2 * len(panels), 3.6 + bottom
+    fig = Figure(figsize=(width, height), dpi=110)
+    fig.subplots_adjust(left=0.7 / width, right=1 - 0.1 / width, bottom=bottom / height, top=1 - 0.3 / height)
+    fig.subplots_adjust(wspace=0.2)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     colours, paper = _colours(experiments), paper or {}
     metrics = {exp.metric for exp in experiments}
