@@ -2,8 +2,9 @@
 
 Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
 through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins), and writes
-``<suite>/report/``. Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch ``W + e`` is
-task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up tasks).
+``<suite>/report/`` (or ``--out``). Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch
+``W + e`` is task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up
+tasks).
 
 - ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
   experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
@@ -16,7 +17,13 @@ task ``e`` and the warm-up epochs are left out (as the paper's plots start after
 - ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
   backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
   forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/published.yaml``).
+  (``cl_lightning/published.yaml``), and each experiment's departures from its paper config; under it, for the
+  windows where the paper's early curve was read (Figure 1), each window's mean beside the paper's;
+- ``departures.md``: per experiment, every resolved config value its runs change from its paper config
+  (:mod:`cl_lightning.departures`).
+
+The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
+backward lag, and say why a panel is empty.
 """
 
 from __future__ import annotations
@@ -231,6 +238,41 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     return text
 
 
+def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
+    """Markdown: per experiment with paper windows, its mean over each window the paper was read at (mean over the
+    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one."""
+    reached: dict[tuple[str, str], dict[int, str]] = {}
+    for exp in experiments:
+        windows = paper.get(exp.name)
+        for role in ("forward", "backward") if windows is not None else ():
+            rows = exp.rows(metric_key(EvalSlot(role), exp.metric))
+            for w, value in zip(windows.at, windows.scores.get(role) or [], strict=False):
+                stop = (w + 1) * windows.window
+                done = ~np.isnan(rows[:, stop - 1]) if stop <= exp.num_tasks else np.zeros(len(rows), bool)
+                if not done.any():
+                    break
+                mean, _, n = final_window(rows[done, :stop], windows.window)
+                seeds = f" ({n} of {len(exp.seeds)} seeds)" if n < len(exp.seeds) else ""
+                paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
+                reached.setdefault((exp.label, role), {})[w] = f"{mean:.3f} / {paper_value}{seeds}"
+    if not reached:
+        return ""
+    columns = sorted({w for cells in reached.values() for w in cells})
+    size = next(iter(paper.values())).window
+    head = "| learner | score | " + " | ".join(f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
+    lines += [
+        f"| {label} | {role} | " + " | ".join(c.get(w, "—") for w in columns) + " |"
+        for (label, role), c in reached.items()
+    ]
+    note = (
+        f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean over seeds of each seed's "
+        "window mean (seeds whose run reached the window's end); the paper's is read off its figure (about ± 3 "
+        "points; `cl_lightning/published.yaml`, `windows`).\n"
+    )
+    return "\n".join(lines) + "\n" + note
+
+
 def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
     """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
     from cl_lightning.departures import departures_text, suite_departures, write_departures
@@ -261,7 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = table_rows(experiments, meta)
     found = add_departures(rows, suite_dir, meta, out)
     text = write_table(rows, out)
-    figures = write_figures(experiments, out, paper_points(experiments, meta), chance_level(experiments, meta))
+    paper = paper_points(experiments, meta)
+    windows = window_table(experiments, paper)
+    if windows:
+        text += "\n" + windows
+        (out / "table.md").write_text(text)
+    figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", found, *figures]))
     return 0

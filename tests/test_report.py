@@ -279,3 +279,25 @@ def test_empty_panels_say_why() -> None:
     assert norm.texts[0].get_text() == (
         "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements"
     )
+
+
+def test_window_table_sets_our_window_means_beside_the_papers() -> None:
+    """Seed 0 ran 200 tasks (forward 0.3 then 0.4 per window), seed 1 stopped at task 149 (forward 0.5): window 0
+    averages both seeds, window 1 only seed 0, which the cell says."""
+    from cl_lightning.report import window_table
+
+    exp = _experiment("qoa_v1", 200, 5)
+    exp.curves["eval/forward_acc"][0] = np.repeat([0.3, 0.4], 100)
+    seed1 = {"eval/forward_acc": np.full(200, 0.5), "eval/backward_acc": np.full(200, 0.25)}
+    for curve in seed1.values():
+        curve[150:] = np.nan
+    seed1["eval/backward_acc"][:5] = np.nan
+    exp.add(1, seed1, {})
+    text = window_table([exp], paper_points([exp], {"benchmark": "pmnist"}))
+    assert text.splitlines()[:4] == [
+        "| learner | score | window 0 (0–99) | window 1 (100–199) |",
+        "|---|---|---|---|",
+        "| QOA_V1 | forward | 0.400 / 0.35 | 0.400 / 0.45 (1 of 2 seeds) |",
+        "| QOA_V1 | backward | 0.375 / 0.31–0.34 | 0.500 / 0.47 (1 of 2 seeds) |",
+    ]
+    assert window_table([exp], {}) == ""
