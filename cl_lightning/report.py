@@ -2,8 +2,9 @@
 
 Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
 through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins), and writes
-``<suite>/report/``. Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch ``W + e`` is
-task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up tasks).
+``<suite>/report/`` (or ``--out``). Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch
+``W + e`` is task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up
+tasks).
 
 - ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
   experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
@@ -16,7 +17,13 @@ task ``e`` and the warm-up epochs are left out (as the paper's plots start after
 - ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
   backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
   forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/published.yaml``).
+  (``cl_lightning/published.yaml``), and each experiment's departures from its paper config; under it, for the
+  windows where the paper's early curve was read (Figure 1), each window's mean beside the paper's;
+- ``departures.md``: per experiment, every resolved config value its runs change from its paper config
+  (:mod:`cl_lightning.departures`).
+
+The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
+backward lag, and say why a panel is empty.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import numpy as np
 import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
-from cl_lightning.results import Experiment, final_window, last_value
+from cl_lightning.results import Experiment, PaperWindows, final_window, last_value
 
 SCALARS = ("forward", "backward", "online")
 
@@ -99,6 +106,7 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
                 exp = Experiment(
                     name, label, num_tasks, metric, stream=stream or None, published=published, warmup_tasks=warmup
                 )
+                exp.backward_lag = config.get("data", {}).get("backward_lag")
             record = json.loads((d / "trial.json").read_text()) if (d / "trial.json").exists() else {}
             exp.add(seed, per_task(scalars, exp.num_tasks, warmup), record)
         experiments.append(exp)
@@ -113,10 +121,32 @@ def published_numbers() -> dict[str, Any]:
 def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
     """The paper's numbers for this experiment: benchmark from the suite (or the stream class), method from the
     suite's ``published`` key (or the experiment's name when it is a method key)."""
-    benchmarks = paper["benchmarks"]
-    bench = meta.get("benchmark") or next((k for k, b in benchmarks.items() if b["stream"] == exp.stream), None)
-    methods = benchmarks.get(bench, {}).get("methods", {})
+    methods = paper["benchmarks"].get(_benchmark(exp, meta, paper), {}).get("methods", {})
     return methods.get(exp.published or exp.name, {})
+
+
+def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> str | None:
+    """The benchmark key: the suite's, else the one whose stream the experiment ran."""
+    return meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+
+
+def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, PaperWindows]:
+    """Per experiment with a paper curve (``published.yaml``'s ``windows``), the paper's windows and chance level."""
+    paper, out = published_numbers(), {}
+    for exp in experiments:
+        spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
+        windows = paper_entry(exp, meta, paper).get("windows")
+        if windows is not None:
+            scores = {role: windows[role] for role in ("forward", "backward") if role in windows}
+            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]))
+    return out
+
+
+def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> float | None:
+    """The benchmark's chance score (``published.yaml``'s ``chance``; ``None`` for regression or an unknown one)."""
+    paper = published_numbers()
+    levels = {paper["benchmarks"].get(_benchmark(e, meta, paper), {}).get("chance") for e in experiments}
+    return levels.pop() if len(levels) == 1 else None
 
 
 def paper_text(entry: dict[str, Any] | None, key: str = "end") -> str:
@@ -181,7 +211,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         writer.writerows(rows)
     head = (
         "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
-        "| s/task | paper s/task | peak GiB |"
+        "| s/task | paper s/task | peak GiB | departures from the paper config |"
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
@@ -192,6 +222,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
         cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
         cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
+        cells += [r.get("departures", "not compared")]
         lines.append("| " + " | ".join(cells) + " |")
     metric = rows[0]["metric"]
     notes = (
@@ -199,11 +230,58 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
         "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
         "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
-        "at its full length: they compare with a run of the same length only.\n"
+        "at its full length: they compare with a run of the same length only. Departures: resolved config values "
+        "the runs change from their experiment's paper config (`departures.md`).\n"
     )
     text = "\n".join(lines) + "\n" + notes
     (out / "table.md").write_text(text)
     return text
+
+
+def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
+    """Markdown: per experiment with paper windows, its mean over each window the paper was read at (mean over the
+    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one."""
+    reached: dict[tuple[str, str], dict[int, str]] = {}
+    for exp in experiments:
+        windows = paper.get(exp.name)
+        for role in ("forward", "backward") if windows is not None else ():
+            rows = exp.rows(metric_key(EvalSlot(role), exp.metric))
+            for w, value in zip(windows.at, windows.scores.get(role) or [], strict=False):
+                stop = (w + 1) * windows.window
+                done = ~np.isnan(rows[:, stop - 1]) if stop <= exp.num_tasks else np.zeros(len(rows), bool)
+                if not done.any():
+                    break
+                mean, _, n = final_window(rows[done, :stop], windows.window)
+                seeds = f" ({n} of {len(exp.seeds)} seeds)" if n < len(exp.seeds) else ""
+                paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
+                reached.setdefault((exp.label, role), {})[w] = f"{mean:.3f} / {paper_value}{seeds}"
+    if not reached:
+        return ""
+    columns = sorted({w for cells in reached.values() for w in cells})
+    size = next(iter(paper.values())).window
+    head = "| learner | score | " + " | ".join(f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 2)]
+    lines += [
+        f"| {label} | {role} | " + " | ".join(c.get(w, "—") for w in columns) + " |"
+        for (label, role), c in reached.items()
+    ]
+    note = (
+        f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean over seeds of each seed's "
+        "window mean (seeds whose run reached the window's end); the paper's is read off its figure (about ± 3 "
+        "points; `cl_lightning/published.yaml`, `windows`).\n"
+    )
+    return "\n".join(lines) + "\n" + note
+
+
+def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
+    """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
+    from cl_lightning.departures import departures_text, suite_departures, write_departures
+
+    found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
+    for row in rows:
+        row["departures"] = departures_text(found[row["experiment"]])
+    write_departures(found, {r["experiment"]: r["label"] for r in rows}, meta, out)
+    return "departures.md"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -214,15 +292,23 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
+    p.add_argument("--out", help="where to write the report (default: <suite_dir>/report)")
     opts = p.parse_args(argv)
     suite_dir = Path(opts.suite_dir)
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
         raise SystemExit(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
-    out = suite_dir / "report"
-    out.mkdir(exist_ok=True)
-    text = write_table(table_rows(experiments, meta), out)
-    figures = write_figures(experiments, out)
+    out = Path(opts.out) if opts.out else suite_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    rows = table_rows(experiments, meta)
+    found = add_departures(rows, suite_dir, meta, out)
+    text = write_table(rows, out)
+    paper = paper_points(experiments, meta)
+    windows = window_table(experiments, paper)
+    if windows:
+        text += "\n" + windows
+        (out / "table.md").write_text(text)
+    figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
-    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *figures]))
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", found, *figures]))
     return 0

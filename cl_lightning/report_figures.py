@@ -6,6 +6,7 @@ its Figure 4 (Hessian effective rank, min–max normalised per seed) and one acc
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -17,7 +18,7 @@ from matplotlib.figure import Figure
 
 from cl_lightning.callbacks.forgetting import accuracy_matrix_figure
 from cl_lightning.contract import EvalSlot, metric_key, online_key, parse_metric_key
-from cl_lightning.results import Experiment, minmax_per_seed, seed_band
+from cl_lightning.results import Experiment, PaperWindows, minmax_per_seed, seed_band
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
 Panel = tuple[Callable[[str], str], str]
@@ -58,25 +59,86 @@ def _colours(experiments: Sequence[Experiment]) -> dict[str, str]:
     return {exp.name: f"C{i % 10}" for i, exp in enumerate(experiments)}
 
 
-def curves_figure(experiments: Sequence[Experiment], panels: Sequence[Panel]) -> Figure:
-    """One panel per ``(key, title)``, all experiments on each: ``key(m)`` is the tag of an experiment's metric."""
-    fig = Figure(figsize=(6.2 * len(panels), 4.2), dpi=110)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
+def lag_text(lag: int | list[int] | None) -> str:
+    """What the backward score reads: ``task t − 5``, or ``mean of tasks t − 1 … t − 5`` for several lags."""
+    if lag is None:
+        return "a past task"
+    if isinstance(lag, int):
+        return f"task t − {lag}"
+    return f"mean of tasks t − {min(lag)} … t − {max(lag)}"
+
+
+def _empty_reason(experiments: Sequence[Experiment], role: str | None) -> str:
+    """Why a panel has no curve: the backward lag reaches past every run's tasks, or the score was not logged."""
+    lags = [e.backward_lag for e in experiments if e.backward_lag is not None]
+    first = min((lag if isinstance(lag, int) else min(lag)) for lag in lags) if lags else None
+    if role == "backward" and first is not None and max(e.num_tasks for e in experiments) <= first:
+        most = max(e.num_tasks for e in experiments)
+        return f"no backward score yet: {most} evaluated task{'s' * (most > 1)}, and task t − {first} needs more"
+    return "not logged by any run"
+
+
+def _paper_windows(ax: Axes, exp: Experiment, paper: PaperWindows, role: str, colour: str, xmax: float) -> None:
+    """The paper's points of one experiment on a panel (range reads as error bars), within the axis."""
+    x, mid, half = paper.points(role)
+    keep = x <= xmax
+    if keep.any():
+        label = f"{exp.label}: paper, Fig. {paper.figure} ({paper.window}-task windows)"
+        ax.errorbar(x[keep], mid[keep], yerr=half[keep], fmt="D", ms=4, mfc="none", color=colour, label=label)
+
+
+def curves_figure(
+    experiments: Sequence[Experiment],
+    panels: Sequence[Panel],
+    paper: dict[str, PaperWindows] | None = None,
+    chance: float | None = None,
+) -> Figure:
+    """One panel per ``(key, title)``, all experiments on each: ``key(m)`` is the tag of an experiment's metric.
+
+    With ``paper``, an experiment's paper windows are drawn as points on its forward and backward panels; ``chance``
+    is drawn as a dotted line on accuracy panels; a panel with no curve says why.
+    """
+    entries = len(experiments) + len(paper or {}) + (chance is not None)
+    bottom = 0.75 + 0.17 * (math.ceil(entries / 3) + 1)  # inches: tick labels, then the legend's title and rows
+    width, height = 6.2 * len(panels), 3.6 + bottom
+    fig = Figure(figsize=(width, height), dpi=110)
+    fig.subplots_adjust(left=0.7 / width, right=1 - 0.1 / width, bottom=bottom / height, top=1 - 0.3 / height)
+    fig.subplots_adjust(wspace=0.2)
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
-    colours = _colours(experiments)
+    colours, paper = _colours(experiments), paper or {}
     metrics = {exp.metric for exp in experiments}
+    xmax = max(exp.num_tasks for exp in experiments) - 0.5
+    lags = {str(e.backward_lag) for e in experiments if e.backward_lag is not None}
+    lag = next(e.backward_lag for e in experiments if e.backward_lag is not None) if len(lags) == 1 else None
+    roles = []
     for ax, (key, title) in zip(axes, panels, strict=True):
+        slot = next((parse_metric_key(key(m), m) for m in sorted(metrics) if parse_metric_key(key(m), m)), None)
+        role = slot.role if slot is not None else None
+        roles.append(role)
         for exp in experiments:
             _band(ax, exp, exp.rows(key(exp.metric)), exp.window, colours[exp.name])
-        ax.set_title(title)
-        ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
-        ax.set_xlabel("task")
+        drawn = bool(ax.lines)
+        for exp in experiments:
+            if exp.name in paper and role is not None:
+                _paper_windows(ax, exp, paper[exp.name], role, colours[exp.name], xmax)
+        if chance is not None and metrics == {"acc"}:
+            ax.axhline(chance, color="0.4", ls=":", lw=1, label=f"chance ({chance:g})")
+        if not drawn:
+            ax.text(0.5, 0.5, _empty_reason(experiments, role), ha="center", transform=ax.transAxes, fontsize=9)
+        ax.set_title(f"{title}: {lag_text(lag)}" if role == "backward" else title)
+        ax.set_xlim(-0.5, xmax)
+        ax.set_xlabel("evaluated task")
         ax.set_ylabel(" / ".join(_NAMES.get(m, m) for m in sorted(metrics)))
         if metrics == {"mse"}:  # log scale, floored at 1e-3: an exact answer (MSE ~1e-16) would squash the rest
             ax.set_yscale("log")
             ax.set_ylim(bottom=max(ax.get_ylim()[0], MSE_FLOOR))
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7, loc="best")
+    handles = {}
+    for ax in axes:  # one legend for all panels, each entry once
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    title = "lines: mean ± std over seeds" + (f"; backward = score on {lag_text(lag)}" if "backward" in roles else "")
+    fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=3, fontsize=7, title=title)
     return fig
 
 
@@ -95,15 +157,25 @@ def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
         tasks = np.flatnonzero(keep)
         for ax, values in ((raw, rows[:, keep]), (norm, minmax_per_seed(rows[:, keep]))):
             at, mean, std = seed_band(values, 1)  # `at`: indices into the measured tasks
+            if not at.size:  # normalised: fewer than two measurements in every seed
+                continue
             x = tasks[at.astype(int)]
             ax.plot(x, mean, color=colours[exp.name], marker=".", lw=1.4, label=exp.label)
             ax.fill_between(x, mean - std, mean + std, color=colours[exp.name], alpha=0.15, lw=0)
     if not norm.lines:
-        norm.text(0.5, 0.5, "needs two or more measurements per seed", ha="center", transform=norm.transAxes)
+        norm.text(
+            0.5,
+            0.5,
+            "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements",
+            ha="center",
+            transform=norm.transAxes,
+            fontsize=9,
+        )
     raw.set_title("Hessian effective rank (last layer)")
     norm.set_title("min–max normalised per seed (the paper's Figure 4)")
     for ax in (raw, norm):
-        ax.set_xlabel("task")
+        ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
+        ax.set_xlabel("evaluated task")
         ax.grid(alpha=0.3)
     raw.legend(fontsize=7, loc="best")
     return fig
@@ -126,9 +198,16 @@ def matrix_figure(exp: Experiment) -> Figure | None:
     return fig
 
 
-def write_figures(experiments: Sequence[Experiment], out: Path) -> list[str]:
-    """Draw every figure into ``out``; return the file names written."""
-    figures: dict[str, Figure | None] = {name: curves_figure(experiments, panels) for name, panels in CURVES.items()}
+def write_figures(
+    experiments: Sequence[Experiment],
+    out: Path,
+    paper: dict[str, PaperWindows] | None = None,
+    chance: float | None = None,
+) -> list[str]:
+    """Draw every figure into ``out`` (the paper's windows and the chance line on the curves); the names written."""
+    figures: dict[str, Figure | None] = {
+        name: curves_figure(experiments, panels, paper, chance) for name, panels in CURVES.items()
+    }
     figures["hessian_eff_rank.png"] = rank_figure(experiments)
     figures |= {f"matrix_{exp.name}.png": matrix_figure(exp) for exp in experiments}
     written = []

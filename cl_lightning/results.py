@@ -32,6 +32,7 @@ class Experiment:
     stream: str | None = None
     published: str | None = None
     warmup_tasks: int = 0
+    backward_lag: int | list[int] | None = None
 
     def rows(self, tag: str) -> np.ndarray:
         """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
@@ -49,6 +50,31 @@ class Experiment:
     def window(self) -> int:
         """The plots' window: ``T // 80`` tasks (about the paper's 75–100 points), at least one."""
         return max(1, self.num_tasks // 80)
+
+
+@dataclass(frozen=True)
+class PaperWindows:
+    """The paper's curve of one experiment as points: its score per ``window``-task window where it was read.
+
+    Args:
+        window: Tasks per window (window ``w`` holds evaluated tasks ``w * window .. (w + 1) * window - 1``).
+        at: The windows read.
+        scores: ``{"forward" | "backward": one value per window}``; a ``[low, high]`` pair is a range read.
+        figure: The paper's figure, for the legend.
+    """
+
+    window: int
+    at: list[int]
+    scores: dict[str, list[float | list[float]]]
+    figure: str
+
+    def points(self, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(window centres in tasks, midpoints, half ranges) of ``role``'s values; empty when the paper has none."""
+        values = self.scores.get(role) or []
+        lo = np.array([v[0] if isinstance(v, list) else v for v in values], dtype=float)
+        hi = np.array([v[1] if isinstance(v, list) else v for v in values], dtype=float)
+        centres = np.asarray(self.at[: len(values)], dtype=float) * self.window + (self.window - 1) / 2
+        return centres, (lo + hi) / 2, (hi - lo) / 2
 
 
 def seed_band(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

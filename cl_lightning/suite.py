@@ -12,6 +12,11 @@ extra command-line arguments) and the seeds to run them with::
         published: bp            # the paper's method key under `benchmark`
         configs: [configs/bp_pmnist.yaml, configs/quick.yaml]
         args: []
+        paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
+
+An experiment's **paper config** (``paper_config``: ``--config`` files, resolved as ``fit`` resolves them; by default
+the experiment's first config) is what its trials are compared with: ``report`` lists every resolved value a trial
+changes from it (its departures from the paper).
 
 Every (experiment, seed) is one :class:`Trial`: the arguments of one ``python -m cl_lightning fit``, with the seed
 given to ``seed_everything`` (initialisation), ``data.stream.init_args.seed`` (permutations, class pairs,
@@ -81,6 +86,7 @@ class Suite:
     benchmark: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
     published: dict[str, str] = field(default_factory=dict)
+    paper_configs: dict[str, list[str]] = field(default_factory=dict)
 
     def summary(self, source: str | Path) -> dict[str, Any]:
         """What the report reads from ``<suite folder>/suite.yaml``: experiments in order, labels, paper keys."""
@@ -92,6 +98,7 @@ class Suite:
             "seeds": list(dict.fromkeys(t.seed for t in self.trials)),
             "labels": dict(self.labels),
             "published": dict(self.published),
+            "paper_configs": {name: list(files) for name, files in self.paper_configs.items()},
         }
 
 
@@ -141,11 +148,14 @@ def load_suite(path: str | Path) -> Suite:
     for exp, entry in experiments.items():
         if not isinstance(entry, dict) or not entry.get("configs"):
             raise ValueError(f"{path}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
-        bad = set(entry) - {"configs", "args", "label", "published"}
+        bad = set(entry) - {"configs", "args", "label", "published", "paper_config"}
         if bad:
             raise ValueError(f"{path}: experiment {exp!r} has unknown keys {sorted(bad)}")
         configs = tuple(_resolve(c, path) for c in _str_list(entry["configs"], f"{path}: {exp}.configs"))
         args = tuple(common + _str_list(entry.get("args"), f"{path}: {exp}.args"))
+        paper = entry.get("paper_config") or configs[:1]
+        paper = [paper] if isinstance(paper, str) else paper
+        suite.paper_configs[str(exp)] = [_resolve(c, path) for c in _str_list(paper, f"{path}: {exp}.paper_config")]
         suite.labels[exp] = str(entry.get("label") or exp)
         if entry.get("published"):
             suite.published[exp] = str(entry["published"])

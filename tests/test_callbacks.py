@@ -309,3 +309,12 @@ def test_plasticity_probe_of_a_functionally_adapting_learner_sees_its_layers() -
     rows = next(iter(feats.values()))
     assert 7 <= rows.shape[0] <= 64
     assert torch.isfinite(rows).all()
+
+
+def test_forgetting_monitor_recent_means_skip_unmeasured_tasks() -> None:
+    monitor = ForgettingMonitor()
+    monitor.forward = torch.tensor([0.1, 0.2, 0.3, 0.4, float("nan")], dtype=torch.float64)
+    monitor.backward = torch.tensor([float("nan"), float("nan"), 0.25, 0.75, float("nan")], dtype=torch.float64)
+    assert monitor.recent_means(3) == {"forward": (pytest.approx(0.3), 3), "backward": (0.5, 2)}
+    monitor.backward[:] = float("nan")
+    assert monitor.recent_means(10) == {"forward": (pytest.approx(0.25), 4)}

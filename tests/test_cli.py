@@ -5,6 +5,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from helpers import CONFIGS, ROOT
@@ -100,11 +101,14 @@ def test_cli_fit_end_to_end(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Warning" not in out.stderr, out.stderr[-3000:]  # no deprecation notices
     assert "Tip:" not in out.stdout + out.stderr  # no advertisements
-    summary = out.stdout.strip().splitlines()[-2:]  # the run's summary is the last thing printed
-    assert summary[0].startswith("Run finished: 3/3 tasks")
-    scores = r"last task: eval/forward_acc [\d.]+, eval/backward_acc [\d.]+, forgetting/avg [\d.]+\.$"
-    assert re.search(scores, summary[0]), summary[0]
-    assert summary[1].startswith(f"Logs: {tmp_path}/bp_pmnist/version_0")
+    summary = out.stdout.strip().splitlines()[-3:]  # the run's summary is the last thing printed
+    assert re.fullmatch(r"Run finished: 3/3 tasks in 0 min \d+ s\.", summary[0]), summary[0]
+    scores = (
+        r"Last 3 tasks \(mean\): forward acc [\d.]+, backward acc [\d.]+ \(task t − 1, 2 tasks\); "
+        r"ACC [\d.]+ \(probe tasks, R's last row\)\."
+    )
+    assert re.fullmatch(scores, summary[1]), summary[1]
+    assert summary[2].startswith(f"Logs: {tmp_path}/bp_pmnist/version_0")
     run = tmp_path / "bp_pmnist" / "version_0"
     assert (run / "config.yaml").exists()
     assert list(run.glob("events.out.tfevents.*"))
@@ -129,3 +133,35 @@ def test_unknown_learner_is_a_clear_error(tmp_path: Path, capsys: pytest.Capture
         main(["--config", str(CONFIGS / "bp_pmnist.yaml"), "--model=NoSuchLearner"], run=False)
     assert exit_info.value.code != 0
     assert "NoSuchLearner" in capsys.readouterr().err
+
+
+def test_run_summary_cites_last_ten_task_means_and_acc() -> None:
+    """The summary's scores line: means of the monitor's last evaluated tasks, the backward lag, ACC named ACC."""
+    import torch
+
+    from cl_lightning.cli_messages import run_summary
+
+    logged = {"eval/forward_acc": torch.tensor(0.5), "forgetting/avg": torch.tensor(0.75)}
+    trainer = SimpleNamespace(
+        current_epoch=1005,
+        max_epochs=1005,
+        interrupted=False,
+        lightning_module=SimpleNamespace(metric_name="acc"),
+        datamodule=SimpleNamespace(backward_lags=[5]),
+        callback_metrics=logged,
+        checkpoint_callback=None,
+        logger=None,
+    )
+    recent = {"forward": (0.8125, 10), "backward": (0.796875, 10)}
+    assert run_summary(trainer, 125.0, recent) == (
+        "\nRun finished: 1005/1005 tasks in 2 min 5 s.\n"
+        "Last 10 tasks (mean): forward acc 0.8125, backward acc 0.7969 (task t − 5); ACC 0.75 (probe tasks, R's "
+        "last row).\nno checkpoint kept.\n"
+    )
+    trainer.datamodule.backward_lags = [1, 2, 3, 4, 5]
+    trainer.lightning_module.metric_name = "mse"
+    trainer.callback_metrics = {"eval/forward_mse": torch.tensor(0.25)}
+    assert run_summary(trainer, 0.0).splitlines()[2] == "Last task: forward mse 0.25."
+    assert run_summary(trainer, 0.0, {"forward": (0.5, 3), "backward": (0.25, 1)}).splitlines()[2] == (
+        "Last 3 tasks (mean): forward mse 0.5, backward mse 0.25 (tasks t − 1 … t − 5, 1 task)."
+    )

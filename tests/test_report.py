@@ -10,8 +10,18 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from cl_lightning.report import load_suite_runs, main, paper_text, per_task, published_numbers, read_scalars, table_rows
-from cl_lightning.results import final_window, last_value, minmax_per_seed, seed_band
+from cl_lightning.report import (
+    chance_level,
+    load_suite_runs,
+    main,
+    paper_points,
+    paper_text,
+    per_task,
+    published_numbers,
+    read_scalars,
+    table_rows,
+)
+from cl_lightning.results import Experiment, final_window, last_value, minmax_per_seed, seed_band
 
 STEPS = 10  # training steps per task: task t ends at step 10 t + 9, where Lightning logs its epoch-end values
 
@@ -180,6 +190,11 @@ def test_report_writes_figures_and_table(tmp_path: Path) -> None:
     assert "hessian_eff_rank.png" not in names  # no run measured it
     md = (out / "table.md").read_text()
     assert "| Backprop | 2 | 5 | 0.600 ± 0.100 | 0.68 (Fig. 1a, p. 8) | 0.450 ± 0.100 |" in md
+    assert md.splitlines()[2].endswith("| 1.50 | paper config unknown |")  # suite.yaml names no paper config
+    assert (
+        "## Backprop (`bp`)\n\nPaper config: unknown.\n\nDepartures: paper config unknown.\n"
+        in (out / "departures.md").read_text()
+    )
     from cl_lightning.report_figures import matrix_figure
 
     bp = load_suite_runs(suite)[0][0]
@@ -208,3 +223,81 @@ def test_every_curve_panel_reads_the_keys_the_contract_names(tmp_path: Path, met
         for ax in curves_figure([exp], figure).axes:
             (line,) = ax.lines
             np.testing.assert_allclose(line.get_ydata(), [0.55] * 4)  # the mean of the two seeds at each task
+
+
+def _experiment(name: str, tasks: int, lag: int | list[int], value: float = 0.5) -> Experiment:
+    exp = Experiment(name, name.upper(), tasks, "acc", stream="PermutedMNIST", published=name, backward_lag=lag)
+    curves = {"eval/forward_acc": np.full(tasks, value), "eval/backward_acc": np.full(tasks, value)}
+    curves["eval/backward_acc"][: lag if isinstance(lag, int) else min(lag)] = np.nan
+    exp.add(0, curves, {})
+    return exp
+
+
+def test_forward_backward_figure_draws_the_papers_windows_chance_and_the_lag() -> None:
+    """QOA V1 over 200 tasks: the paper's windows 0 and 1 (centres 49.5 and 149.5; window 0 of the backward curve is
+    the range 0.31-0.34) beside our line, chance at 0.1, the lag in the title and the legend."""
+    from cl_lightning.report_figures import CURVES, curves_figure
+
+    exp = _experiment("qoa_v1", 200, 5)
+    meta = {"benchmark": "pmnist"}
+    paper = paper_points([exp], meta)
+    assert chance_level([exp], meta) == 0.1
+    fig = curves_figure([exp], CURVES["forward_backward.png"], paper, 0.1)
+    forward, backward = fig.axes
+    assert backward.get_title() == "backward (past task): task t − 5"
+    for ax, ys in ((forward, [0.35, 0.45]), (backward, [0.325, 0.47])):
+        lines = {line.get_label(): line for line in ax.lines}
+        assert np.unique(lines["QOA_V1 (1 seed, 2-task windows)"].get_ydata()).tolist() == [0.5]
+        np.testing.assert_allclose(lines["chance (0.1)"].get_ydata(), [0.1, 0.1])
+        (points, _, _) = ax.containers[0]  # the errorbar: markers, caps, bars
+        np.testing.assert_allclose(points.get_xdata(), [49.5, 149.5])
+        np.testing.assert_allclose(points.get_ydata(), ys)
+    (bars,) = backward.containers[0][2]  # the range of window 0: 0.325 +- 0.015, a point elsewhere
+    np.testing.assert_allclose(bars.get_segments()[0][:, 1], [0.31, 0.34])
+    np.testing.assert_allclose(bars.get_segments()[1][:, 1], [0.47, 0.47])
+    legend = fig.legends[0]
+    assert legend.get_title().get_text() == "lines: mean ± std over seeds; backward = score on task t − 5"
+    assert [t.get_text() for t in legend.get_texts()] == [
+        "QOA_V1 (1 seed, 2-task windows)",
+        "chance (0.1)",
+        "QOA_V1: paper, Fig. 1 (100-task windows)",
+    ]
+
+
+def test_empty_panels_say_why() -> None:
+    from cl_lightning.report_figures import CURVES, curves_figure, lag_text, rank_figure
+
+    fig = curves_figure([_experiment("bp", 3, 5)], CURVES["forward_backward.png"])
+    assert fig.axes[1].texts[0].get_text() == "no backward score yet: 3 evaluated tasks, and task t − 5 needs more"
+    assert not fig.axes[0].texts
+    assert lag_text([1, 2, 3, 4, 5]) == "mean of tasks t − 1 … t − 5"
+    exp = _experiment("bp", 50, 5)
+    exp.curves["hessian/eff_rank"] = [np.where(np.arange(50) == 0, 7.0, np.nan)]  # measured once, at task 0
+    raw, norm = rank_figure([exp]).axes
+    assert len(raw.lines) == 1
+    assert not norm.lines
+    assert norm.texts[0].get_text() == (
+        "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements"
+    )
+
+
+def test_window_table_sets_our_window_means_beside_the_papers() -> None:
+    """Seed 0 ran 200 tasks (forward 0.3 then 0.4 per window), seed 1 stopped at task 149 (forward 0.5): window 0
+    averages both seeds, window 1 only seed 0, which the cell says."""
+    from cl_lightning.report import window_table
+
+    exp = _experiment("qoa_v1", 200, 5)
+    exp.curves["eval/forward_acc"][0] = np.repeat([0.3, 0.4], 100)
+    seed1 = {"eval/forward_acc": np.full(200, 0.5), "eval/backward_acc": np.full(200, 0.25)}
+    for curve in seed1.values():
+        curve[150:] = np.nan
+    seed1["eval/backward_acc"][:5] = np.nan
+    exp.add(1, seed1, {})
+    text = window_table([exp], paper_points([exp], {"benchmark": "pmnist"}))
+    assert text.splitlines()[:4] == [
+        "| learner | score | window 0 (0–99) | window 1 (100–199) |",
+        "|---|---|---|---|",
+        "| QOA_V1 | forward | 0.400 / 0.35 | 0.400 / 0.45 (1 of 2 seeds) |",
+        "| QOA_V1 | backward | 0.375 / 0.31–0.34 | 0.500 / 0.47 (1 of 2 seeds) |",
+    ]
+    assert window_table([exp], {}) == ""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -81,9 +82,10 @@ def test_resume_continues_the_same_run_folder_and_curves(tmp_path: Path, capsys:
     steps = [step for step, _ in curves["eval/forward_acc"]]
     assert steps == [15, 31, 47, 63]  # the last step of each task
     assert [step for step, _ in curves["eval/backward_acc"]] == [31, 47, 63]
-    summary = out.strip().splitlines()[-2:]  # the run's summary is the last thing printed
+    summary = out.strip().splitlines()[-3:]  # the run's summary is the last thing printed
     assert summary[0].startswith("Run finished: 4/4 tasks")
-    assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[1]
+    assert re.fullmatch(r"Last task: forward acc [\d.]+, backward acc [\d.]+ \(task t − 1\)\.", summary[1])
+    assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[2]
 
 
 def test_a_named_run_folder_resumes_into_itself(tmp_path: Path) -> None:

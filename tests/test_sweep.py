@@ -117,6 +117,7 @@ def test_shipped_suites_name_real_configs_and_paper_keys(path: Path, monkeypatch
     assert set(suite.published.values()) <= set(methods)
     for trial in suite.trials:
         assert all(Path(c).exists() for c in trial.configs)
+        assert all(Path(c).exists() for c in suite.paper_configs[trial.name])
 
 
 def _built(trial: Trial, tmp_path: Path):

@@ -186,6 +186,15 @@ class ForgettingMonitor(Callback):
         for name in ("matrix", "baseline", "forward", "backward"):
             setattr(self, name, state_dict[name].clone().to(torch.float64))
 
+    def recent_means(self, n: int = 10) -> dict[str, tuple[float, int]]:
+        """``{"forward" | "backward": (mean, count)}`` over the last ``n`` evaluated tasks that have the score."""
+        out = {}
+        for role, curve in (("forward", self.forward), ("backward", self.backward)):
+            seen = curve[~curve.isnan()][-n:]
+            if seen.numel():
+                out[role] = (float(seen.mean()), seen.numel())
+        return out
+
     def on_fit_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Score the learner at initialisation on every probe task (once; not on resume)."""
         self._fit_start, self._plot_seconds = time.monotonic(), 0.0

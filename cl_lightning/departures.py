@@ -1,0 +1,144 @@
+"""Departures from the paper: every resolved value a suite's trials change from the paper config of their experiment.
+
+An experiment's paper config is the suite file's ``paper_config`` (by default the experiment's first config;
+``sweep`` records it in ``<suite>/suite.yaml``). It is resolved as ``fit`` resolves it
+(:func:`cl_lightning.cli.resolved_config`: includes, defaults, ``max_epochs``) and compared value by value with each
+trial's saved ``config.yaml``, so what is listed is what the runs did differently, not what a file says. Per-trial
+bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cl_lightning.suite import load_suite
+
+IGNORED = frozenset(
+    {
+        "seed_everything",
+        "trainer.logger.save_dir",
+        "trainer.logger.name",
+        "trainer.logger.version",
+        "trainer.enable_progress_bar",
+        "trainer.max_epochs",  # filled in from data.stream.num_tasks, which is compared
+        "ckpt_path",
+        "weights_only",
+    }
+)
+"""Keys (``init_args`` left out) that say where and how a trial ran, not what it ran."""
+
+
+@dataclass(frozen=True)
+class Departure:
+    """One key whose value in the runs differs from the paper config's.
+
+    Args:
+        key: Dotted config key without ``init_args`` (``data.stream.num_tasks``), as the command line takes it.
+        paper: The paper config's value (``None`` where it has no such key).
+        ours: The trials' values, each once, in seed order.
+    """
+
+    key: str
+    paper: Any
+    ours: tuple[Any, ...]
+
+    def __str__(self) -> str:
+        return f"{self.key} {show(self.paper)} → {' / '.join(show(v) for v in self.ours)}"
+
+
+def show(value: Any) -> str:
+    """A config value as YAML writes it inline: ``null``, ``false``, ``[1, 2]``, ``0.0001``."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{dotted key: value}`` of a nested config, ``init_args`` levels dropped; lists and empty dicts are values."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = prefix if key == "init_args" else f"{prefix}{key}."
+        if isinstance(value, dict) and value:
+            out |= flatten(value, name)
+        else:
+            out[name.rstrip(".")] = value
+    return out
+
+
+def departures(paper: dict[str, Any], trials: Sequence[dict[str, Any]]) -> list[Departure]:
+    """The keys where any trial's resolved config differs from the paper config's, sorted by key."""
+    base, runs = flatten(paper), [flatten(t) for t in trials]
+    found = []
+    for key in sorted(set(base).union(*runs)):
+        if key in IGNORED or key.rsplit(".", 1)[-1] == "seed":
+            continue
+        ours = [run.get(key) for run in runs]
+        if any(v != base.get(key) for v in ours):
+            distinct = tuple(v for i, v in enumerate(ours) if v not in ours[:i])
+            found.append(Departure(key, base.get(key), distinct))
+    return found
+
+
+def paper_configs(meta: dict[str, Any]) -> dict[str, list[str]]:
+    """Each experiment's paper config files: ``suite.yaml``'s record, else the suite file it names, if present."""
+    if meta.get("paper_configs"):
+        return {name: list(files) for name, files in meta["paper_configs"].items()}
+    source = meta.get("source")
+    if source and Path(source).is_file():
+        return load_suite(source).paper_configs
+    return {}
+
+
+def suite_departures(
+    suite_dir: Path, experiments: Sequence[str], meta: dict[str, Any]
+) -> dict[str, str | list[Departure]]:
+    """Per experiment its departures, or why there are none to list (paper config unknown or missing)."""
+    from cl_lightning.cli import resolved_config  # Lightning and every learner: only when a report is written
+
+    papers, out = paper_configs(meta), {}
+    for name in experiments:
+        files = papers.get(name)
+        missing = [f for f in files or [] if not Path(f).is_file()]
+        if not files or missing:
+            out[name] = f"paper config {'unknown' if not files else 'not found: ' + ', '.join(missing)}"
+            continue
+        trials = [yaml.safe_load(p.read_text()) for p in sorted((suite_dir / name).glob("seed_*/config.yaml"))]
+        out[name] = departures(resolved_config(files), trials)
+    return out
+
+
+def departures_text(found: str | list[Departure]) -> str:
+    """One table cell: ``key paper → ours; …``, ``none`` or why it is unknown."""
+    if isinstance(found, str):
+        return found
+    return "; ".join(str(d) for d in found) or "none"
+
+
+def write_departures(
+    found: dict[str, str | list[Departure]], labels: dict[str, str], meta: dict[str, Any], out: Path
+) -> str:
+    """Write ``departures.md``: per experiment its paper config and a table of the keys its runs change."""
+    papers = paper_configs(meta)
+    lines = [
+        "# Departures from the paper config",
+        "",
+        "Every resolved config value in which this suite's trials (their saved `config.yaml`) differ from the paper "
+        "config of their experiment, resolved as `fit` resolves it from the current checkout. Not compared: "
+        f"{', '.join(f'`{k}`' for k in sorted(IGNORED))} and every `seed` (where and how a trial ran, not what it "
+        "ran). Keys are written without `init_args`, as the command line takes them.",
+    ]
+    for name, deps in found.items():
+        files = ", ".join(f"`{f}`" for f in papers.get(name, [])) or "unknown"
+        lines += ["", f"## {labels.get(name, name)} (`{name}`)", "", f"Paper config: {files}.", ""]
+        if isinstance(deps, str) or not deps:
+            lines.append(f"Departures: {departures_text(deps)}.")
+            continue
+        lines += ["| key | paper config | runs |", "|---|---|---|"]
+        lines += [f"| `{d.key}` | {show(d.paper)} | {' / '.join(show(v) for v in d.ours)} |" for d in deps]
+    text = "\n".join(lines) + "\n"
+    (out / "departures.md").write_text(text)
+    return text

@@ -1,0 +1,116 @@
+"""Departures from the paper: resolved trial configs against their experiment's resolved paper config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers import CONFIGS, ROOT
+
+from cl_lightning.cli import resolved_config
+from cl_lightning.departures import Departure, departures, departures_text, flatten, suite_departures
+from cl_lightning.report import main as report_main
+from cl_lightning.suite import load_suite
+
+
+def test_departures_skip_bookkeeping_and_list_each_value_once() -> None:
+    paper = {
+        "seed_everything": 0,
+        "model": {"class_path": "A", "init_args": {"lr": 0.1, "seed": 0, "sizes": [2, 2]}},
+        "trainer": {"max_epochs": 10, "logger": {"init_args": {"name": "a", "version": None}}},
+    }
+    trials = [
+        {
+            "seed_everything": seed,
+            "model": {"class_path": "A", "init_args": {"lr": lr, "seed": seed, "sizes": [2, 2]}},
+            "trainer": {"max_epochs": 5, "logger": {"init_args": {"name": "b", "version": f"seed_{seed}"}}},
+            "ckpt_path": None,
+        }
+        for seed, lr in ((0, 0.01), (1, 0.02), (2, 0.01))
+    ]
+    assert flatten(trials[0])["model.sizes"] == [2, 2]
+    assert departures(paper, trials) == [Departure("model.lr", 0.1, (0.01, 0.02))]
+    assert departures_text(departures(paper, trials)) == "model.lr 0.1 → 0.01 / 0.02"
+    assert departures_text(departures(paper, [paper])) == "none"
+    # a key the paper config lacks (here: a list the trial adds) is listed against null
+    assert str(departures({}, [{"data": {"backward_lag": [1, 2]}}])[0]) == "data.backward_lag null → [1, 2]"
+
+
+def _suite_folder(tmp_path: Path, spec: dict) -> Path:
+    """A suite file and the folder a sweep of it leaves: ``suite.yaml`` and each trial's resolved ``config.yaml``
+    (what ``fit`` saves), no events needed."""
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    suite = load_suite(path)
+    logs = tmp_path / "logs"
+    (logs / suite.name).mkdir(parents=True)
+    (logs / suite.name / "suite.yaml").write_text(yaml.safe_dump(suite.summary(path)))
+    for trial in suite.trials:
+        trial.log_dir(logs).mkdir(parents=True)
+        config = resolved_config([], trial.fit_args(logs)[1:])
+        (trial.log_dir(logs) / "config.yaml").write_text(yaml.safe_dump(config))
+    return logs / suite.name
+
+
+def test_a_suite_lists_what_its_trials_change_from_the_paper_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    bp, quick, warmup = (str(CONFIGS / n) for n in ("bp_pmnist.yaml", "quick.yaml", "paper/pmnist_warmup.yaml"))
+    spec = {
+        "seeds": [0, 1],
+        "args": ["--trainer.enable_progress_bar=false", "--data.stream.init_args.warmup_tasks=5"],
+        "experiments": {
+            "quick": {"configs": [bp, quick]},  # paper config: bp_pmnist.yaml alone
+            "lr": {
+                "configs": [bp],
+                "paper_config": [bp, warmup],
+                "args": ["--model.init_args.optimizer.init_args.lr=0.001", "--data.stream.init_args.num_tasks=105"],
+            },
+        },
+    }
+    found = suite_departures(_suite_folder(tmp_path, spec), ["quick", "lr"], {})
+    assert found == {"quick": "paper config unknown", "lr": "paper config unknown"}  # no suite.yaml given
+    suite_dir = tmp_path / "logs" / "toy"
+    meta = yaml.safe_load((suite_dir / "suite.yaml").read_text())
+    found = suite_departures(suite_dir, ["quick", "lr"], meta)
+    assert departures_text(found["quick"]) == (
+        "data.eval_queries 2000 → 200; data.num_probe_tasks 10 → 5; data.stream.chunk_size 400 → 100; "
+        "data.stream.num_tasks 7500 → 30; data.stream.query_size 2000 → 500; data.stream.train_size 58000 → 10000; "
+        "data.stream.warmup_tasks 0 → 5"
+    )
+    # the paper's warm-up is in its paper config: only the learning rate and the length differ
+    assert departures_text(found["lr"]) == "data.stream.num_tasks 7505 → 105; model.optimizer.lr 0.0001 → 0.001"
+
+    out = tmp_path / "report"
+    (suite_dir / "lr" / "seed_0" / "events.out.tfevents.0.host").write_bytes(b"")  # report needs an event file
+    report_main([str(suite_dir), "--out", str(out)])
+    table = (out / "table.md").read_text()
+    assert table.splitlines()[2] == (
+        "| lr | 1 (1 unfinished) | 100 | — |  | — |  | — | — | — | — | — | — |  | — "
+        "| data.stream.num_tasks 7505 → 105; model.optimizer.lr 0.0001 → 0.001 |"
+    )
+    assert (out / "departures.md").read_text().split("## lr (`lr`)\n\n")[1] == (
+        f"Paper config: `{bp}`, `{warmup}`.\n\n"
+        "| key | paper config | runs |\n|---|---|---|\n"
+        "| `data.stream.num_tasks` | 7505 | 105 |\n"
+        "| `model.optimizer.lr` | 0.0001 | 0.001 |\n"
+    )
+
+
+def test_the_paper_suite_departs_only_in_length_and_scored_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """configs/suites/pmnist_paper_cpu.yaml: every experiment, resolved as its trial runs, differs from its paper
+    config (paper-size config + the authors' 5 warm-up tasks) in the number of tasks and of scored queries only."""
+    monkeypatch.chdir(ROOT)
+    suite = load_suite(CONFIGS / "suites" / "pmnist_paper_cpu.yaml")
+    lengths = {}
+    for trial in suite.trials:
+        if trial.seed != 0:
+            continue
+        ours = resolved_config([], trial.fit_args("logs")[1:])
+        found = departures(resolved_config(suite.paper_configs[trial.name]), [ours])
+        assert [d.key for d in found] == ["data.eval_queries", "data.stream.num_tasks"], trial.name
+        assert (found[0].paper, found[0].ours, found[1].paper) == (2000, (200,), 7505)
+        lengths[trial.name] = found[1].ours[0]
+    assert lengths == {"qoa_v1": 1005, "knn": 1005, "bp": 505, "cbp": 505, "qoa_v2": 1005, "full_attention": 1005}
