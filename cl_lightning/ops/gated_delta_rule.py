@@ -74,19 +74,10 @@ def chunk_gated_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Gated delta rule, chunked WY/UT form: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
-    Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
-        k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
-        v: Values, shape (B, H, T, V).
-        beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
-        g: Log-space decay gates g_t <= 0, shape (B, H, T).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_gated_delta_rule`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

@@ -65,18 +65,10 @@ def chunk_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Linear (Hebbian) attention, chunked form: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
-    Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
-        k: Keys, shape (B, H, T, K).
-        v: Values, shape (B, H, T, V).
-        beta: Write strengths beta_t, shape (B, H, T); None means 1.
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(2, 3, 10, 4), torch.randn(2, 3, 10, 4), torch.randn(2, 3, 10, 5)

@@ -95,18 +95,10 @@ def chunk_longhorn(
 ) -> tuple[Tensor, Tensor]:
     """Longhorn, chunked selective scan: S_t = (1 - eps_t k_t^2) * S_{t-1} + eps_t k_t v_t^T (diagonal).
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); not normalised (the step size eps = beta / (1 + beta ||k||^2) is).
-        v: Values (the channels x_t), shape (B, H, T, V).
-        beta: Step sizes beta_t > 0, shape (B, H, T) (per head) or (B, H, T, V) (per channel, as in the paper's code).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C; the intra-chunk decay tensor is (C, C, K, V) per head, so keep C small.
+    The same numbers as :func:`naive_recurrent_longhorn`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C; the intra-chunk decay tensor is (C, C, K, V) per head, so keep C small.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

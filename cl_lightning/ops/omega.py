@@ -94,19 +94,10 @@ def chunk_omega_rule(
 ) -> tuple[Tensor, Tensor]:
     """Omega rule, chunked block-WY form: S_t = S_{t-1} + eta_t sum_{window} gamma_i k_i (v_i - S_{t-1}^T k_i)^T.
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); L2-normalise them, and keep eta * sum(gamma) below 2, for a stable write.
-        v: Values, shape (B, H, T, V).
-        beta: Step sizes eta_t, shape (B, H, T).
-        gamma: Per-token importance gamma_i inside the windows, shape (B, H, T); None means ones.
-        window: Window length c >= 1 (c = 1 is the delta rule).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t (read before step t's write); otherwise o_t = S_t^T q_t.
-        chunk_size: Tokens per chunk C (the triangular solve has C * c rows); any T works.
+    The same numbers as :func:`naive_recurrent_omega_rule`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V).
+    Args:
+        chunk_size: Tokens per chunk C (the triangular solve has C * c rows); any T works.
 
     Example:
         >>> from cl_lightning.ops.delta_rule import chunk_delta_rule
