@@ -75,8 +75,8 @@ def _position_scale(q: Tensor, mini_batch_size: int, position_scale: Tensor | No
     return 1.0 / torch.arange(1, mini_batch_size + 1, dtype=q.dtype, device=q.device)
 
 
-def _read(q: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor) -> Tensor:
-    """Fast-model output q + LN(q W + b) for q of shape (B, H, L, D)."""
+def ttt_linear_read(q: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor) -> Tensor:
+    """TTT-Linear's read-out q + LN(q W + b): q (B, H, L, D), W (B, H, D, D), b (B, H, D), LN weights (H, 1, D)."""
     return q + layer_norm(q @ weight + bias.unsqueeze(2), ln_weight, ln_bias)
 
 
@@ -124,14 +124,14 @@ def naive_recurrent_ttt_linear(
             w_start, b_start, grad_w, grad_b = weight, bias, torch.zeros_like(weight), torch.zeros_like(bias)
         q_t, k_t, v_t = (x[:, :, t : t + 1] for x in (q, k, v))  # (B, H, 1, D)
         if prequential:
-            outputs.append(_read(q_t, weight, bias, ln_w, ln_b))
+            outputs.append(ttt_linear_read(q_t, weight, bias, ln_w, ln_b))
         g_t = ln_l2_grad(k_t @ w_start + b_start.unsqueeze(2), v_t - k_t, ln_w, ln_b)  # dl_t/dz, (B, H, 1, D)
         lr = beta[:, :, t, None, None]  # (B, H, 1, 1)
         grad_w = grad_w + lr * k_t.transpose(-1, -2) @ g_t  # (B, H, D, D)
         grad_b = grad_b + lr[..., 0] * g_t[:, :, 0]  # (B, H, D)
         weight, bias = w_start - tau[pos] * grad_w, b_start - tau[pos] * grad_b
         if not prequential:
-            outputs.append(_read(q_t, weight, bias, ln_w, ln_b))
+            outputs.append(ttt_linear_read(q_t, weight, bias, ln_w, ln_b))
     return torch.cat(outputs, dim=2), (weight, bias)
 
 
