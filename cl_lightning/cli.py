@@ -46,7 +46,6 @@ import cl_lightning.data
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
 from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
-from cl_lightning.callbacks.heap import fix_mmap_threshold
 from cl_lightning.callbacks.progress import TaskProgressBar
 from cl_lightning.checkpointing import (
     AtomicCheckpointIO,
@@ -65,6 +64,7 @@ from cl_lightning.checkpointing import (
 from cl_lightning.cli_messages import DEBUG_HINT, ConciseArgumentParser, UsageError, describe, quiet, run_summary
 from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
+from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
 
 DESCRIPTION = (
@@ -327,7 +327,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         args = [a for a in args if a != "--debug"]
     ConciseArgumentParser.debug = debug
     quiet()
-    fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.callbacks.heap)
+    fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
     try:
         return CLI(
             ContinualLearner,

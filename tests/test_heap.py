@@ -9,8 +9,8 @@ from itertools import pairwise
 import pytest
 import torch
 
-from cl_lightning.callbacks.heap import release_free_heap
 from cl_lightning.callbacks.plasticity import StridedRows
+from cl_lightning.heap import release_free_heap
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc, /proc/self/status")
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 MAPPED = """
 import ctypes
 import torch
-from cl_lightning.callbacks.heap import fix_mmap_threshold
+from cl_lightning.heap import fix_mmap_threshold
 
 class Info(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks "

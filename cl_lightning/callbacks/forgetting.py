@@ -18,7 +18,6 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from matplotlib.figure import Figure
 
-from cl_lightning.callbacks.plasticity import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
 from cl_lightning.metrics import (
     average_accuracy,
@@ -28,6 +27,7 @@ from cl_lightning.metrics import (
     intransigence,
     window_means,
 )
+from cl_lightning.probing import evaluation_mode, probe_episode, require_contract
 
 
 def accuracy_matrix_figure(

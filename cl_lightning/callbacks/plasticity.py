@@ -8,8 +8,7 @@ learners themselves (``train/online_acc``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -18,8 +17,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 
-from cl_lightning.callbacks.heap import release_free_heap
-from cl_lightning.contract import EpisodeSource, ObservedLearner, require
+from cl_lightning.contract import ObservedLearner
+from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
     dead_unit_fraction,
     dormant_unit_fraction,
@@ -27,43 +26,7 @@ from cl_lightning.metrics import (
     srank,
     weight_magnitude,
 )
-
-
-@contextmanager
-def evaluation_mode(module: nn.Module) -> Iterator[None]:
-    """Run a block in eval mode without gradients, then give every submodule back its own previous mode."""
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, training in modes:
-            m.training = training
-
-
-def due_task(trainer: Trainer, every_n_tasks: int) -> int | None:
-    """The evaluated task of the current epoch if a monitor measuring every ``every_n_tasks``-th evaluated task (task 0
-    included) is due on it, else ``None`` (never in a warm-up epoch, which has nothing to probe)."""
-    source: EpisodeSource = trainer.datamodule
-    task = source.evaluated_task(trainer.current_epoch)
-    return None if task is None or task % every_n_tasks else task
-
-
-def probe_episode(trainer: Trainer, pl_module: ObservedLearner, task: int, num_queries: int | None) -> list[Tensor]:
-    """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode, on the learner's device.
-
-    The context is the data module's (the first ``context_size`` training examples of the task, what a support-set
-    learner answers from); the queries are the first ``num_queries`` held-out ones, never trained on.
-    """
-    source: EpisodeSource = trainer.datamodule
-    return [t.to(pl_module.device) for t in source.episode(task, num_queries)]
-
-
-def require_contract(trainer: Trainer, pl_module: ObservedLearner, who: str) -> None:
-    """Raise a clear ``TypeError`` when the learner or the data module lacks what a monitor calls."""
-    require(pl_module, ObservedLearner, who)
-    require(trainer.datamodule, EpisodeSource, who)
+from cl_lightning.probing import due_task, evaluation_mode, probe_episode, require_contract
 
 
 def _plain(t: Tensor) -> Tensor:

@@ -67,7 +67,7 @@ from cl_lightning.ops import (
     pair_outputs,
 )
 from cl_lightning.ops.feature_maps import FeatureMapName, input_width, random_fourier_weights
-from cl_lightning.ops.ttt_linear import _read as ttt_linear_read
+from cl_lightning.ops.ttt_linear import ttt_linear_read
 from cl_lightning.ops.ttt_mlp import mlp_forward
 
 RuleName = Literal[

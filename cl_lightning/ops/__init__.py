@@ -1,7 +1,14 @@
 """Tensor functions for parametric (fast-weight, test-time-regression) attention rules.
 
 Only the fast (chunked) forms and helpers are exported; each ``naive_recurrent_<op>`` reference lives next to its
-``chunk_<op>`` in ``cl_lightning.ops.<module>``.
+``chunk_<op>`` in ``cl_lightning.ops.<module>``, and the chunked form's docstring names its reference.
+
+The rules with a matrix state S (linear attention, decay, delta rule, gated delta rule, Longhorn, Omega) share their
+conventions: queries ``q`` of shape (B, H, T, K) (scale them, e.g. by K**-0.5, before the call if wanted), keys of
+the same shape, values ``v`` of shape (B, H, T, V); ``initial_state`` S_0 of shape (B, H, K, V), None meaning zeros;
+with ``prequential`` the output o_t = S_{t-1}^T q_t is read before token t's update (decay and write), so v_t never
+reaches o_t, otherwise o_t = S_t^T q_t. Each returns the outputs o of shape (B, H, T, V) and the final state S_T of
+shape (B, H, K, V), in the dtype of the inputs.
 """
 
 from cl_lightning.ops.decay import chunk_decay_linear_attn

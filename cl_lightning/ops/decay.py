@@ -18,7 +18,7 @@ Chunked form, with b = cumsum(g) inside the chunk (never exp(+cumsum) factors, w
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, zero_state
+from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
 
 
 def naive_recurrent_decay_linear_attn(
@@ -33,30 +33,20 @@ def naive_recurrent_decay_linear_attn(
     """Decay linear attention, token-by-token reference: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
 
     Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
         k: Keys, shape (B, H, T, K).
-        v: Values, shape (B, H, T, V).
         g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
         beta: Write strengths beta_t, shape (B, H, T); None means 1.
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
     """
     state = zero_state(q, v) if initial_state is None else initial_state
     if beta is not None:
         v = v * beta.unsqueeze(-1)
     alpha = (g if g.dim() == 4 else g.unsqueeze(-1)).exp()  # (B, H, T, K) or (B, H, T, 1)
-    outputs = []
-    for t in range(q.shape[2]):  # sequential reference: one decay and write per token
-        if prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-        state = alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, V)
-        if not prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(outputs, dim=2), state
+
+    def write(t: int, state: Tensor) -> Tensor:  # one decay and write per token
+        return alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, V)
+
+    return recurrent_scan(write, q, state, prequential)
 
 
 def chunk_decay_linear_attn(
@@ -71,19 +61,11 @@ def chunk_decay_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Decay linear attention, chunked form: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
 
-    Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
-        k: Keys, shape (B, H, T, K).
-        v: Values, shape (B, H, T, V).
-        g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
-        beta: Write strengths beta_t, shape (B, H, T); None means 1.
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_decay_linear_attn`, the reference:
+    arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 3)

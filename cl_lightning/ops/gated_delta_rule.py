@@ -21,7 +21,7 @@ Prequential: b is replaced by b^- (b^-_i = b_{i-1}, b^-_1 = 0) in the read, with
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, zero_state
+from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
 
 
 def naive_recurrent_gated_delta_rule(
@@ -36,30 +36,20 @@ def naive_recurrent_gated_delta_rule(
     """Gated delta rule, token-by-token reference: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
     Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
         k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
-        v: Values, shape (B, H, T, V).
         beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
         g: Log-space decay gates g_t <= 0, shape (B, H, T).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
     """
     state = zero_state(q, v) if initial_state is None else initial_state
-    outputs = []
-    for t in range(q.shape[2]):  # sequential reference: decay, then one LMS step per token
-        if prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+
+    def write(t: int, state: Tensor) -> Tensor:  # decay, then one LMS step per token
         state = g[:, :, t, None, None].exp() * state  # (B, H, K, V)
         k_t = k[:, :, t]  # (B, H, K)
         error = v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)  # (B, H, V)
-        state = state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)
-        if not prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(outputs, dim=2), state
+        return state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)
+
+    return recurrent_scan(write, q, state, prequential)
 
 
 def chunk_gated_delta_rule(
@@ -74,19 +64,10 @@ def chunk_gated_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Gated delta rule, chunked WY/UT form: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
-    Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
-        k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
-        v: Values, shape (B, H, T, V).
-        beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
-        g: Log-space decay gates g_t <= 0, shape (B, H, T).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's decay and write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_gated_delta_rule`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

@@ -13,10 +13,9 @@ Chunked form (chunk of C rows Q, K, V; V already scaled by beta):
     S  <- S + K^T V
 """
 
-import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import causal_mask, chunk_scan, zero_state
+from cl_lightning.ops.utils import causal_mask, chunk_scan, recurrent_scan, zero_state
 
 
 def naive_recurrent_linear_attn(
@@ -30,28 +29,18 @@ def naive_recurrent_linear_attn(
     """Linear (Hebbian) attention, token-by-token reference: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
     Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
+        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
         k: Keys, shape (B, H, T, K).
-        v: Values, shape (B, H, T, V).
         beta: Write strengths beta_t, shape (B, H, T); None means 1.
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
     """
     state = zero_state(q, v) if initial_state is None else initial_state
     if beta is not None:
         v = v * beta.unsqueeze(-1)
-    outputs = []
-    for t in range(q.shape[2]):  # sequential reference: one write per token
-        if prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-        state = state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, 1) * (B, H, 1, V)
-        if not prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(outputs, dim=2), state
+
+    def write(t: int, state: Tensor) -> Tensor:  # one Hebbian write per token
+        return state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, 1) * (B, H, 1, V)
+
+    return recurrent_scan(write, q, state, prequential)
 
 
 def chunk_linear_attn(
@@ -65,20 +54,13 @@ def chunk_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Linear (Hebbian) attention, chunked form: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
+    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there.
+
     Args:
-        q: Queries, shape (B, H, T, K); scale them (e.g. by K**-0.5) before the call if wanted.
-        k: Keys, shape (B, H, T, K).
-        v: Values, shape (B, H, T, V).
-        beta: Write strengths beta_t, shape (B, H, T); None means 1.
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
         chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
-
     Example:
+        >>> import torch
         >>> q, k, v = torch.randn(2, 3, 10, 4), torch.randn(2, 3, 10, 4), torch.randn(2, 3, 10, 5)
         >>> o, state = chunk_linear_attn(q, k, v, chunk_size=4)
         >>> tuple(o.shape), tuple(state.shape)

@@ -20,7 +20,7 @@ b = cumsum(log(1 - eps k^2)) per (key, channel) pair inside the chunk, the GLA a
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, zero_state
+from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
 
 
 def longhorn_step_size(beta: Tensor, k: Tensor) -> Tensor:
@@ -60,28 +60,19 @@ def naive_recurrent_longhorn(
     """Longhorn, token-by-token reference: S_t = (1 - eps_t k_t^2) * S_{t-1} + eps_t k_t v_t^T (diagonal).
 
     Args:
-        q: Queries, shape (B, H, T, K).
+        q, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
         k: Keys, shape (B, H, T, K); not normalised (the step size eps = beta / (1 + beta ||k||^2) is).
         v: Values (the channels x_t), shape (B, H, T, V).
         beta: Step sizes beta_t > 0, shape (B, H, T) (per head) or (B, H, T, V) (per channel, as in the paper's code).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
     """
     state = zero_state(q, v) if initial_state is None else initial_state
     eps = _channel_step_size(beta, k, v)  # (B, H, T, V)
-    outputs = []
-    for t in range(q.shape[2]):  # sequential reference: one diagonal proximal step per token
-        if prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+
+    def write(t: int, state: Tensor) -> Tensor:  # one diagonal proximal step per token
         k_t, eps_t = k[:, :, t, :, None], eps[:, :, t, None, :]  # (B, H, K, 1), (B, H, 1, V)
-        state = (1.0 - eps_t * k_t.pow(2)) * state + k_t * (eps_t * v[:, :, t, None, :])  # (B, H, K, V)
-        if not prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(outputs, dim=2), state
+        return (1.0 - eps_t * k_t.pow(2)) * state + k_t * (eps_t * v[:, :, t, None, :])  # (B, H, K, V)
+
+    return recurrent_scan(write, q, state, prequential)
 
 
 def chunk_longhorn(
@@ -95,18 +86,10 @@ def chunk_longhorn(
 ) -> tuple[Tensor, Tensor]:
     """Longhorn, chunked selective scan: S_t = (1 - eps_t k_t^2) * S_{t-1} + eps_t k_t v_t^T (diagonal).
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); not normalised (the step size eps = beta / (1 + beta ||k||^2) is).
-        v: Values (the channels x_t), shape (B, H, T, V).
-        beta: Step sizes beta_t > 0, shape (B, H, T) (per head) or (B, H, T, V) (per channel, as in the paper's code).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t is read before step t's write (v_t never reaches o_t);
-            otherwise o_t = S_t^T q_t (read after write).
-        chunk_size: Tokens per chunk C; the intra-chunk decay tensor is (C, C, K, V) per head, so keep C small.
+    The same numbers as :func:`naive_recurrent_longhorn`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V), in the dtype of the inputs.
+    Args:
+        chunk_size: Tokens per chunk C; the intra-chunk decay tensor is (C, C, K, V) per head, so keep C small.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

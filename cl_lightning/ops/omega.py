@@ -23,7 +23,7 @@ not kept), as a TTT mini-batch starts at each call.
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, zero_state
+from cl_lightning.ops.utils import chunk_scan, recurrent_scan, zero_state
 
 
 def _check_window(window: int) -> None:
@@ -44,33 +44,24 @@ def naive_recurrent_omega_rule(
     """Omega rule, token-by-token reference: S_t = S_{t-1} + eta_t sum_{window} gamma_i k_i (v_i - S_{t-1}^T k_i)^T.
 
     Args:
-        q: Queries, shape (B, H, T, K).
+        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
         k: Keys, shape (B, H, T, K); L2-normalise them, and keep eta * sum(gamma) below 2, for a stable write.
-        v: Values, shape (B, H, T, V).
         beta: Step sizes eta_t, shape (B, H, T).
         gamma: Per-token importance gamma_i inside the windows, shape (B, H, T); None means ones.
         window: Window length c >= 1 (c = 1 is the delta rule).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t (read before step t's write); otherwise o_t = S_t^T q_t.
-
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V).
     """
     _check_window(window)
     gamma = torch.ones_like(beta) if gamma is None else gamma
     state = zero_state(q, v) if initial_state is None else initial_state
-    outputs = []
-    for t in range(q.shape[2]):  # sequential reference: one gradient step on the window loss per token
-        if prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+
+    def write(t: int, state: Tensor) -> Tensor:  # one gradient step on the window loss per token
         lo = max(0, t - window + 1)
         k_w, v_w = k[:, :, lo : t + 1], v[:, :, lo : t + 1]  # (B, H, c', K), (B, H, c', V)
         rate = beta[:, :, t, None] * gamma[:, :, lo : t + 1]  # (B, H, c')
         error = (v_w - k_w @ state) * rate.unsqueeze(-1)  # (B, H, c', V)
-        state = state + k_w.transpose(-1, -2) @ error
-        if not prequential:
-            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
-    return torch.stack(outputs, dim=2), state
+        return state + k_w.transpose(-1, -2) @ error
+
+    return recurrent_scan(write, q, state, prequential)
 
 
 def _windows(x: Tensor, window: int) -> Tensor:
@@ -94,19 +85,10 @@ def chunk_omega_rule(
 ) -> tuple[Tensor, Tensor]:
     """Omega rule, chunked block-WY form: S_t = S_{t-1} + eta_t sum_{window} gamma_i k_i (v_i - S_{t-1}^T k_i)^T.
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); L2-normalise them, and keep eta * sum(gamma) below 2, for a stable write.
-        v: Values, shape (B, H, T, V).
-        beta: Step sizes eta_t, shape (B, H, T).
-        gamma: Per-token importance gamma_i inside the windows, shape (B, H, T); None means ones.
-        window: Window length c >= 1 (c = 1 is the delta rule).
-        initial_state: State S_0, shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t = S_{t-1}^T q_t (read before step t's write); otherwise o_t = S_t^T q_t.
-        chunk_size: Tokens per chunk C (the triangular solve has C * c rows); any T works.
+    The same numbers as :func:`naive_recurrent_omega_rule`, the reference: arguments, shapes and returns as there.
 
-    Returns:
-        Outputs o of shape (B, H, T, V) and the final state S_T of shape (B, H, K, V).
+    Args:
+        chunk_size: Tokens per chunk C (the triangular solve has C * c rows); any T works.
 
     Example:
         >>> from cl_lightning.ops.delta_rule import chunk_delta_rule

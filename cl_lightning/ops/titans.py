@@ -97,20 +97,7 @@ def chunk_titans_linear(
 ) -> tuple[Tensor, TitansState]:
     """Momentum + weight-decay fast weights, chunked closed form (one chunk per mini-batch).
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); L2-normalise them for a stable write.
-        v: Values, shape (B, H, T, V).
-        beta: Surprise step sizes theta_t, shape (B, H, T).
-        log_momentum: log mu_t <= 0, shape (B, H, T); None means mu = 1 (momentum never decays).
-        log_retain: log r_t = log(1 - alpha_t) <= 0, shape (B, H, T); None means r = 1 (no weight decay).
-        initial_state: (W_0, M_0), each of shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t is read with W_{t-1} (v_t never reaches o_t); otherwise with W_t.
-        mini_batch_size: Tokens whose gradients are taken at the same (mini-batch start) memory; 1 = exact.
-            Each call starts a new mini-batch.
-
-    Returns:
-        Outputs of shape (B, H, T, V) and the final state (W, M).
+    The same numbers as :func:`naive_recurrent_titans_linear`, the reference: arguments, shapes and returns as there.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

@@ -75,8 +75,8 @@ def _position_scale(q: Tensor, mini_batch_size: int, position_scale: Tensor | No
     return 1.0 / torch.arange(1, mini_batch_size + 1, dtype=q.dtype, device=q.device)
 
 
-def _read(q: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor) -> Tensor:
-    """Fast-model output q + LN(q W + b) for q of shape (B, H, L, D)."""
+def ttt_linear_read(q: Tensor, weight: Tensor, bias: Tensor, ln_weight: Tensor, ln_bias: Tensor) -> Tensor:
+    """TTT-Linear's read-out q + LN(q W + b): q (B, H, L, D), W (B, H, D, D), b (B, H, D), LN weights (H, 1, D)."""
     return q + layer_norm(q @ weight + bias.unsqueeze(2), ln_weight, ln_bias)
 
 
@@ -124,14 +124,14 @@ def naive_recurrent_ttt_linear(
             w_start, b_start, grad_w, grad_b = weight, bias, torch.zeros_like(weight), torch.zeros_like(bias)
         q_t, k_t, v_t = (x[:, :, t : t + 1] for x in (q, k, v))  # (B, H, 1, D)
         if prequential:
-            outputs.append(_read(q_t, weight, bias, ln_w, ln_b))
+            outputs.append(ttt_linear_read(q_t, weight, bias, ln_w, ln_b))
         g_t = ln_l2_grad(k_t @ w_start + b_start.unsqueeze(2), v_t - k_t, ln_w, ln_b)  # dl_t/dz, (B, H, 1, D)
         lr = beta[:, :, t, None, None]  # (B, H, 1, 1)
         grad_w = grad_w + lr * k_t.transpose(-1, -2) @ g_t  # (B, H, D, D)
         grad_b = grad_b + lr[..., 0] * g_t[:, :, 0]  # (B, H, D)
         weight, bias = w_start - tau[pos] * grad_w, b_start - tau[pos] * grad_b
         if not prequential:
-            outputs.append(_read(q_t, weight, bias, ln_w, ln_b))
+            outputs.append(ttt_linear_read(q_t, weight, bias, ln_w, ln_b))
     return torch.cat(outputs, dim=2), (weight, bias)
 
 
@@ -149,24 +149,7 @@ def chunk_ttt_linear(
 ) -> tuple[Tensor, TTTState]:
     """TTT-Linear, chunked dual form: W_i = W_0 - tau_i sum_{j<=i} eta_j grad l_j(W_0), one chunk per mini-batch.
 
-    Args:
-        q: Queries, shape (B, H, T, D).
-        k: Keys (the fast model's inputs), shape (B, H, T, D).
-        v: Values, shape (B, H, T, D); the regression target of k_t is v_t - k_t.
-        beta: Per-token learning rates eta_t >= 0, shape (B, H, T).
-        ln_weight: LayerNorm weight per head, shape (H, D); None means ones.
-        ln_bias: LayerNorm bias per head, shape (H, D); None means zeros.
-        initial_state: (W_0 of shape (B, H, D, D), b_0 of shape (B, H, D)); None means zeros.
-        prequential: If True, o_t is read with the state before token t's update (v_t never reaches o_t);
-            otherwise with the state after it.
-        mini_batch_size: Mini-batch size M (the chunk size of the dual form); every gradient in a mini-batch is
-            taken at the mini-batch's start state. Each call starts a new mini-batch, so a stream split into calls
-            matches one call only where the splits fall on mini-batch boundaries.
-        position_scale: tau_i for the positions i = 1..M in a mini-batch, shape (M,); None means 1/i.
-
-    Returns:
-        Outputs o = q + LN(q W + b) of shape (B, H, T, D) and the final state (W of shape (B, H, D, D), b of shape
-        (B, H, D)), in the dtype of the inputs.
+    The same numbers as :func:`naive_recurrent_ttt_linear`, the reference: arguments, shapes and returns as there.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)

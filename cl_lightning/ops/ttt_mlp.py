@@ -119,18 +119,7 @@ def chunk_ttt_mlp(
 ) -> tuple[Tensor, MLPState]:
     """Two-layer MLP fast weight, chunked dual form (one chunk per mini-batch).
 
-    Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K).
-        v: Values (regression targets), shape (B, H, T, V).
-        beta: Per-token rates eta_t >= 0, shape (B, H, T).
-        initial_state: (W1 (B, H, K, D_h), b1 (B, H, D_h), W2 (B, H, D_h, V), b2 (B, H, V)); W1 must not be zero.
-        prequential: If True, o_t = f(q_t; P_{t-1}); otherwise f(q_t; P_t).
-        mini_batch_size: Mini-batch size M; each call starts a new mini-batch.
-        position_scale: tau_i for i = 1..M, shape (M,); None means ones.
-
-    Returns:
-        Outputs of shape (B, H, T, V) and the final state (W1, b1, W2, b2).
+    The same numbers as :func:`naive_recurrent_ttt_mlp`, the reference: arguments, shapes and returns as there.
 
     Example:
         >>> q, k, v = torch.randn(1, 1, 9, 4), torch.randn(1, 1, 9, 4), torch.randn(1, 1, 9, 3)

@@ -62,6 +62,30 @@ def chunk_scan(
     return torch.cat(outputs, dim=2), state
 
 
+def recurrent_scan(
+    write: Callable[[int, Tensor], Tensor], q: Tensor, state: Tensor, prequential: bool
+) -> tuple[Tensor, Tensor]:
+    """The token loop of every matrix-state reference: o_t = S^T q_t, read before or after token t's update.
+
+    Args:
+        write: ``write(t, S) -> S``, token t's update of the state (B, H, K, V).
+        q: Queries, shape (B, H, T, K).
+        state: The state S_0 at the start of the sequence, shape (B, H, K, V).
+        prequential: If True, o_t is read before token t's update (v_t never reaches o_t), otherwise after it.
+
+    Returns:
+        Outputs o of shape (B, H, T, V) and the final state S_T.
+    """
+    outputs = []
+    for t in range(q.shape[2]):  # sequential reference: one update per token
+        if prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+        state = write(t, state)
+        if not prequential:
+            outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], state))
+    return torch.stack(outputs, dim=2), state
+
+
 def causal_mask(size: int, strict: bool, device: torch.device) -> Tensor:
     """Boolean (size, size) mask keeping j <= i (``Tril``) or j < i (``StrictTril``, if ``strict``)."""
     return torch.ones(size, size, dtype=torch.bool, device=device).tril(-1 if strict else 0)

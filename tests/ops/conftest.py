@@ -1,6 +1,7 @@
 """Shared fixtures for the reference-vs-fast op tests: shape cases, seeded float64 inputs and comparison helpers."""
 
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -45,6 +46,11 @@ class RandomInputs:
 
     def state(self) -> Tensor:
         return self.normal(self.batch, self.heads, self.dim, self.value_dim)
+
+    def rule_inputs(self, **overrides: Tensor) -> dict[str, Tensor]:
+        """q, k, v, beta and the initial state of a matrix-state rule by argument name, then ``overrides`` (or more)."""
+        base = {"q": self.queries(), "k": self.keys(), "v": self.values(), "beta": self.beta()}
+        return {**base, **overrides, "initial_state": overrides.get("initial_state", self.state())}
 
 
 @pytest.fixture(autouse=True)
@@ -132,6 +138,20 @@ def make_inputs() -> type[RandomInputs]:
 @pytest.fixture
 def check_reference() -> Callable[..., None]:
     return assert_matches_reference
+
+
+@pytest.fixture
+def check_forms(prequential: bool, chunk_size: int) -> Callable[..., None]:
+    """``check(reference, chunked, tensors, **options)``: the two forms agree, in this test's reading mode."""
+
+    def check(reference: Callable[..., Any], chunked: Callable[..., Any], tensors: dict[str, Tensor], **options: Any):
+        assert_matches_reference(
+            partial(reference, prequential=prequential, **options),
+            partial(chunked, prequential=prequential, chunk_size=chunk_size, **options),
+            tensors,
+        )
+
+    return check
 
 
 @pytest.fixture

@@ -14,20 +14,8 @@ def _gate(inputs, gate: str):
 
 
 @pytest.mark.parametrize("gate", ["scalar", "vector"])
-def test_chunk_matches_reference(gate, inputs, prequential, chunk_size, check_reference):
-    tensors = {
-        "q": inputs.queries(),
-        "k": inputs.keys(),
-        "v": inputs.values(),
-        "g": _gate(inputs, gate),
-        "beta": inputs.beta(),
-        "initial_state": inputs.state(),
-    }
-    check_reference(
-        partial(naive_recurrent_decay_linear_attn, prequential=prequential),
-        partial(chunk_decay_linear_attn, prequential=prequential, chunk_size=chunk_size),
-        tensors,
-    )
+def test_chunk_matches_reference(gate, inputs, check_forms):
+    check_forms(naive_recurrent_decay_linear_attn, chunk_decay_linear_attn, inputs.rule_inputs(g=_gate(inputs, gate)))
 
 
 @pytest.mark.parametrize("gate", ["scalar", "vector"])

@@ -10,19 +10,8 @@ from cl_lightning.ops.linear_attn import chunk_linear_attn
 LEAK_T, LEAK_CHUNK = 8, 4
 
 
-def test_chunk_matches_reference(inputs, prequential, chunk_size, check_reference):
-    tensors = {
-        "q": inputs.queries(),
-        "k": inputs.keys(),
-        "v": inputs.values(),
-        "beta": inputs.beta(),
-        "initial_state": inputs.state(),
-    }
-    check_reference(
-        partial(naive_recurrent_delta_rule, prequential=prequential),
-        partial(chunk_delta_rule, prequential=prequential, chunk_size=chunk_size),
-        tensors,
-    )
+def test_chunk_matches_reference(inputs, check_forms):
+    check_forms(naive_recurrent_delta_rule, chunk_delta_rule, inputs.rule_inputs())
 
 
 @pytest.mark.parametrize("form", ["naive", "chunk"])

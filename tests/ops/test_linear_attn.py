@@ -7,27 +7,15 @@ from cl_lightning.ops.linear_attn import chunk_linear_attn, naive_recurrent_line
 LEAK_T, LEAK_CHUNK = 8, 4  # steps 0, 3 (chunk end) and 5 (inside a chunk)
 
 
-def test_chunk_matches_reference(inputs, prequential, chunk_size, check_reference):
-    tensors = {
-        "q": inputs.queries(),
-        "k": inputs.keys(),
-        "v": inputs.values(),
-        "beta": inputs.beta(),
-        "initial_state": inputs.state(),
-    }
-    check_reference(
-        partial(naive_recurrent_linear_attn, prequential=prequential),
-        partial(chunk_linear_attn, prequential=prequential, chunk_size=chunk_size),
-        tensors,
-    )
+def test_chunk_matches_reference(inputs, check_forms):
+    check_forms(naive_recurrent_linear_attn, chunk_linear_attn, inputs.rule_inputs())
 
 
-def test_chunk_matches_reference_without_beta_and_state(inputs, prequential, chunk_size, check_reference):
-    tensors = {"q": inputs.queries(), "k": inputs.keys(), "v": inputs.values()}
-    check_reference(
-        partial(naive_recurrent_linear_attn, prequential=prequential),
-        partial(chunk_linear_attn, prequential=prequential, chunk_size=chunk_size),
-        tensors,
+def test_chunk_matches_reference_without_beta_and_state(inputs, check_forms):
+    check_forms(
+        naive_recurrent_linear_attn,
+        chunk_linear_attn,
+        {"q": inputs.queries(), "k": inputs.keys(), "v": inputs.values()},
     )
 
 

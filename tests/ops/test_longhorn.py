@@ -11,19 +11,10 @@ LEAK_T, LEAK_CHUNK = 8, 4
 
 
 @pytest.mark.parametrize("beta_shape", ["per-head", "per-channel"])
-def test_chunk_matches_reference(beta_shape, inputs, prequential, chunk_size, check_reference):
-    tensors = {
-        "q": inputs.queries(),
-        "k": inputs.queries(),  # Longhorn keys are not normalised
-        "v": inputs.values(),
-        "beta": inputs.beta() if beta_shape == "per-head" else inputs.beta(inputs.value_dim),
-        "initial_state": inputs.state(),
-    }
-    check_reference(
-        partial(naive_recurrent_longhorn, prequential=prequential),
-        partial(chunk_longhorn, prequential=prequential, chunk_size=chunk_size),
-        tensors,
-    )
+def test_chunk_matches_reference(beta_shape, inputs, check_forms):
+    beta = inputs.beta() if beta_shape == "per-head" else inputs.beta(inputs.value_dim)
+    k = inputs.queries()  # Longhorn keys are not normalised
+    check_forms(naive_recurrent_longhorn, chunk_longhorn, inputs.rule_inputs(k=k, beta=beta))
 
 
 def test_exact_step_is_proximal_solution(make_inputs):

@@ -10,23 +10,12 @@ LEAK_T, LEAK_CHUNK = 8, 4
 
 
 def _tensors(inputs, window):
-    return {
-        "q": inputs.queries(),
-        "k": inputs.keys(),
-        "v": inputs.values(),
-        "beta": inputs.beta() / window,  # eta * sum(gamma) < 1: a contractive write
-        "gamma": inputs.beta(),
-        "initial_state": inputs.state(),
-    }
+    return inputs.rule_inputs(beta=inputs.beta() / window, gamma=inputs.beta())  # eta * sum(gamma) < 1: contractive
 
 
 @pytest.mark.parametrize("window", [1, 3, 5])
-def test_chunk_matches_reference(window, inputs, prequential, chunk_size, check_reference):
-    check_reference(
-        partial(naive_recurrent_omega_rule, window=window, prequential=prequential),
-        partial(chunk_omega_rule, window=window, prequential=prequential, chunk_size=chunk_size),
-        _tensors(inputs, window),
-    )
+def test_chunk_matches_reference(window, inputs, check_forms):
+    check_forms(naive_recurrent_omega_rule, chunk_omega_rule, _tensors(inputs, window), window=window)
 
 
 @pytest.mark.parametrize("form", ["naive", "chunk"])
