@@ -122,12 +122,6 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def logged_steps(checkpoint: dict[str, Any]) -> int:
-    """The logging step a checkpoint resumes at (Lightning's ``_batches_that_stepped``; ``global_step`` if absent)."""
-    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-    return int(loop.get("_batches_that_stepped", checkpoint.get("global_step", 0)))
-
-
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts to dotted keys; tuples as lists (a YAML round trip turns one into the other)."""
     if isinstance(value, dict):

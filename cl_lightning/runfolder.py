@@ -1,0 +1,90 @@
+"""One writer per run folder (an advisory lock a second ``fit`` of the same run cannot take), and undoing a failed
+attempt's writes.
+
+:func:`hold` takes ``fcntl.flock`` on ``<run>/.lock`` (and writes this process's id into it) for as long as the
+process runs or until :func:`release_all`. The operating system drops the lock when the process ends, however it
+ends, so a lock left by a ``kill -9``'d run never blocks the next one. The file itself stays (removing it would let
+two processes lock two different files of the same name). Where ``fcntl`` does not exist (Windows) nothing is locked.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cl_lightning.errors import UsageError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+LOCK_NAME = ".lock"
+_held: dict[Path, int] = {}  # run folder -> open file descriptor holding its lock
+
+
+class RunInUse(UsageError):  # noqa: N818 - reads as the condition it reports
+    """Another live process holds the run folder's lock."""
+
+
+def hold(run: Path) -> None:
+    """Take the lock of run folder ``run`` (created if missing) for this process, or raise :class:`RunInUse`."""
+    run = run.resolve()
+    if fcntl is None or run in _held:
+        return
+    run.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise RunInUse(
+            f"{run} is being written by another process (pid {owner}); two writers would corrupt the run. "
+            f"Wait for it to end, or stop it first (kill -TERM {owner})"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[run] = fd
+
+
+def release_all() -> None:
+    """Release every lock this process holds (the OS does it anyway when the process ends)."""
+    for run in list(_held):
+        os.close(_held.pop(run))  # closing the descriptor releases its flock
+
+
+class Snapshot:
+    """What a run folder holds before an attempt, to undo that attempt's writes when it fails before its first step.
+
+    Files the attempt created are removed; the small records it rewrites (``config.yaml``, ``hparams.yaml``) get
+    their old contents back; a folder that did not exist is removed whole (and its parent, if that was new too).
+    """
+
+    RECORDS = ("config.yaml", "hparams.yaml")
+
+    def __init__(self, run: Path) -> None:
+        self.run = run
+        self.new_folders = [p for p in (run, run.parent) if not p.exists()]
+        self.paths = set(run.rglob("*")) if run.is_dir() else set()
+        self.records = {n: (run / n).read_bytes() for n in self.RECORDS if (run / n).is_file()}
+
+    def undo(self) -> None:
+        """Put the folder back as it was (the lock file stays: the lock is still held)."""
+        import shutil
+
+        for folder in self.new_folders:
+            shutil.rmtree(folder, ignore_errors=True)
+        if not self.run.is_dir():
+            return
+        for path in sorted(self.run.rglob("*"), reverse=True):  # a folder's files before the folder
+            if path in self.paths or path.name == LOCK_NAME:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for name, content in self.records.items():
+            (self.run / name).write_bytes(content)
+        for name in set(self.RECORDS) - set(self.records):
+            (self.run / name).unlink(missing_ok=True)
