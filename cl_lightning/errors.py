@@ -8,6 +8,7 @@ commands report through the same line format (:mod:`cl_lightning.cli`). Nothing 
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import os
 import sys
@@ -99,3 +100,11 @@ def guarded(command: Callable[[list[str]], int], argv: list[str]) -> int:
             raise
         message = str(error) if isinstance(error, ValueError) else f"{error.filename}: {error.strerror}"
         fail(message or type(error).__name__)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one ``error:`` line and exit code 2, like every command's (no usage block)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Report ``message`` in one line."""
+        fail(f"{message} ({self.prog} --help lists the options)", hint=False)

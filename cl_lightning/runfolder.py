@@ -20,20 +20,24 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 LOCK_NAME = ".lock"
-_held: dict[Path, int] = {}  # run folder -> open file descriptor holding its lock
+_held: dict[Path, int] = {}  # lock file -> open file descriptor holding its lock
 
 
 class RunInUse(UsageError):  # noqa: N818 - reads as the condition it reports
     """Another live process holds the run folder's lock."""
 
 
-def hold(run: Path) -> None:
-    """Take the lock of run folder ``run`` (created if missing) for this process, or raise :class:`RunInUse`."""
+def hold(run: Path, name: str = LOCK_NAME) -> None:
+    """Take the lock ``name`` of run folder ``run`` (created if missing) for this process, or raise :class:`RunInUse`.
+
+    The descriptor is not inherited by child processes (Python opens files non-inheritable).
+    """
     run = run.resolve()
-    if fcntl is None or run in _held:
+    path = run / name
+    if fcntl is None or path in _held:
         return
     run.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -45,13 +49,20 @@ def hold(run: Path) -> None:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[run] = fd
+    _held[path] = fd
+
+
+def release(run: Path, name: str = LOCK_NAME) -> None:
+    """Release the lock ``name`` of ``run`` if this process holds it."""
+    fd = _held.pop(run.resolve() / name, None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases its flock
 
 
 def release_all() -> None:
     """Release every lock this process holds (the OS does it anyway when the process ends)."""
-    for run in list(_held):
-        os.close(_held.pop(run))  # closing the descriptor releases its flock
+    for path in list(_held):
+        os.close(_held.pop(path))
 
 
 class Snapshot:
@@ -78,7 +89,7 @@ class Snapshot:
         if not self.run.is_dir():
             return
         for path in sorted(self.run.rglob("*"), reverse=True):  # a folder's files before the folder
-            if path in self.paths or path.name == LOCK_NAME:
+            if path in self.paths or path.suffix == ".lock":
                 continue
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)

@@ -3,7 +3,9 @@
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
 into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
 reached the last task; ``trial.json`` in its folder then says so, and a re-run skips it. An unfinished trial with
-``checkpoints/last.ckpt`` resumes from it.
+``checkpoints/last.ckpt`` resumes from it. SIGTERM or SIGINT to the sweep reaches the running trials, which stop
+between two steps: they are recorded as ``stopped`` (not finished) and resumed by the next sweep, and the sweep
+exits with 143 / 130. Two sweeps never run the same trial at once (a lock in its folder, :mod:`cl_lightning.runfolder`).
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
 ``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
@@ -29,9 +31,15 @@ from typing import Any
 
 import yaml
 
+from cl_lightning.errors import OneLineParser, UsageError
+from cl_lightning.runfolder import RunInUse, hold, release
 from cl_lightning.suite import Trial, load_suite
 
 FINISHED = "finished"
+STOPPED = "stopped"
+TRIAL_LOCK = "trial.lock"
+_STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SIGTERM / SIGINT
+_stop: dict[str, Any] = {"signum": None, "child": None}  # the signal the sweep got, the fit it is waiting for
 
 
 def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
@@ -78,12 +86,26 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
     log_dir = trial.log_dir(root)
+    if trial_state(trial, root) == FINISHED:
+        return json.loads((log_dir / "trial.json").read_text()) | {"skipped": True}
+    try:
+        hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
+    except RunInUse as busy:
+        return {**asdict(trial), "status": "in use", "skipped": True, "reason": str(busy)}
+    try:
+        return _attempt(trial, root, threads, cwd)
+    finally:
+        release(log_dir, TRIAL_LOCK)
+
+
+def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> dict[str, Any]:
+    """Run the trial's fit once (or skip it, finished meanwhile) and record the attempt in ``trial.json``."""
+    log_dir = trial.log_dir(root)
     record_path = log_dir / "trial.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
     state = trial_state(trial, root)
     if state == FINISHED:
         return record | {"skipped": True}
-    log_dir.mkdir(parents=True, exist_ok=True)
     ckpt = log_dir / "checkpoints" / "last.ckpt" if state == "resume" else None
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
@@ -99,7 +121,13 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
         )
-        _, status, usage = os.wait4(proc.pid, 0)
+        _stop["child"] = proc.pid
+        if _stop["signum"] is not None:  # the signal came while the fit was starting
+            proc.send_signal(_stop["signum"])
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            _stop["child"] = None
     proc.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
         "start": start,
@@ -115,7 +143,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     done = proc.returncode == 0 and last is not None and (wanted is None or last == wanted - 1)
     record = {
         **asdict(trial),
-        "status": FINISHED if done else "unfinished",
+        "status": FINISHED if done else STOPPED if proc.returncode in _STOP_CODES else "unfinished",
         "last_task": last,
         "num_tasks": wanted,
         "attempts": [*record.get("attempts", []), attempt],
@@ -127,7 +155,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
 def _describe(record: dict[str, Any]) -> str:
     name = f"{record['name']}/seed_{record['seed']}"
     if record.get("skipped"):
-        return f"{name}: already finished, skipped"
+        return f"{name}: {record.get('reason') or 'already finished'}, skipped"
     a = record["attempts"][-1]
     how = "resumed" if a["resumed_from"] else "ran"
     return (
@@ -140,6 +168,8 @@ def run_sequential(trials: Sequence[Trial], root: str, threads: int | None = Non
     """Run the trials one after another on this machine."""
     records = []
     for i, trial in enumerate(trials):
+        if _stop["signum"] is not None:
+            break
         print(f"[{i + 1}/{len(trials)}] {trial.name}/seed_{trial.seed} ({trial_state(trial, root)})", flush=True)
         records.append(run_trial(trial, root, threads))
         print("    " + _describe(records[-1]), flush=True)
@@ -164,7 +194,9 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
         pending = {remote.remote(t, root, cpus, cwd): t for t in trials}
         records = []
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets Ctrl-C through
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets a signal through
+            if _stop["signum"] is not None:
+                break  # shutting Ray down sends the running fits SIGTERM (PR_SET_PDEATHSIG): they stop cleanly
             if not ready:
                 continue
             trial = pending.pop(ready[0])
@@ -186,8 +218,15 @@ def _ray_available() -> bool:
     return True
 
 
+def _on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM / SIGINT: pass it to the running fit (it stops between two steps) and start no further trial."""
+    _stop["signum"] = _stop["signum"] or signum
+    if _stop["child"] is not None:
+        os.kill(_stop["child"], signum)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("suite", help="suite file, e.g. configs/suites/pmnist_cpu.yaml")
     p.add_argument("--root", default="logs", help="log root; trials go to <root>/<suite>/<experiment>/seed_<s>")
     p.add_argument("--only", nargs="+", metavar="EXPERIMENT", help="run only these experiments of the suite")
@@ -226,18 +265,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
     if opts.fit_args:
         suite.trials = [replace(t, args=(*t.args, *shlex.split(opts.fit_args))) for t in suite.trials]
+    names = list(dict.fromkeys(t.name for t in suite.trials))
+    unknown = [n for n in opts.only or [] if n not in names]
+    if unknown:
+        listed = ", ".join(names)
+        raise UsageError(f"--only {' '.join(unknown)}: no such experiment in {opts.suite}; choose from: {listed}")
     trials = [t for t in suite.trials if not opts.only or t.name in opts.only]
-    if opts.only and not trials:
-        raise SystemExit(f"--only {opts.only}: no such experiment in {opts.suite}")
     suite_dir = Path(opts.root) / suite.name
-    suite_dir.mkdir(parents=True, exist_ok=True)
-    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
-    if opts.dry_run:
+    if opts.dry_run:  # writes nothing
         for t in trials:
             state = trial_state(t, opts.root)
             ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
     if not opts.no_ray and not _ray_available():
         print(
             "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
@@ -249,8 +291,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in trials:
         if t not in todo:
             print(f"{t.name}/seed_{t.seed}: already finished, skipped", flush=True)
-    records = _run(todo, opts) if todo else []
+    handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        records = _run(todo, opts) if todo else []
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     left = sum(r.get("status") != FINISHED for r in records) + len(todo) - len(records)
     print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
     print(f"  python -m cl_lightning report {suite_dir}", flush=True)
+    if _stop["signum"] is not None:
+        print(f"stopped by {signal.Signals(_stop['signum']).name}: run the same command again to resume", flush=True)
+        return 128 + int(_stop["signum"])
     return min(left, 1)

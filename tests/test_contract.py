@@ -157,7 +157,7 @@ ALLOWED = {
     "stopping.py": {"checkpointing"},
     "suite.py": {"errors"},
     "sweep.py": {"suite", "report", "errors", "runfolder"},
-    "report.py": {"report_figures", "results", "contract"},
+    "report.py": {"report_figures", "results", "contract", "errors"},
     "report_figures.py": {"results", "callbacks", "contract"},
     "results.py": {"metrics"},
 }
