@@ -233,8 +233,10 @@ class CLI(CompatCLI):
             if record is not None and self.subcommand == "fit":  # extending a stream (more tasks) is fine
                 data = self.config_dump.get("data") or {}
                 differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
-            mismatch = weight_mismatch(resume.checkpoint.get("state_dict", {}), self.model.state_dict())
-            if mismatch or (differences and differences[0].startswith("the checkpoint is a")):
+            other_class = bool(differences) and differences[0].startswith("the checkpoint is a")
+            weights = resume.checkpoint["state_dict"]
+            mismatch = None if other_class else weight_mismatch(weights, self.model.state_dict())
+            if other_class or mismatch:
                 listed = "; ".join([*differences[:1], *([mismatch] if mismatch else [])])
                 raise CheckpointError(
                     f"--ckpt_path {resume.path} cannot be resumed with this config: {listed}. Use the config it was "

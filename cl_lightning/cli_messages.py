@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import itertools
 import logging
 import re
 import sys
@@ -173,18 +172,21 @@ class ConciseArgumentParser(LightningArgumentParser):
 
 
 def locate(option: str, arguments: list[str]) -> str | None:
-    """``file:line`` of the last ``--config`` file that sets the dotted ``option`` (``init_args`` may be left out
-    there), unless the command line itself sets it."""
+    """``file:line`` of the ``--config`` file that last sets the dotted ``option`` (``init_args`` may be left out
+    there); ``None`` when the command line sets it after every such file, or nothing does."""
     short = ".".join(p for p in option.split(".") if p != "init_args")
-    if any(re.match(rf"--({re.escape(option)}|{re.escape(short)})(=|\.|$)", a) for a in arguments):
-        return None
-    files = [value for flag, value in itertools.pairwise(arguments) if flag == "--config"]
-    for file in reversed(files):
-        lines = key_lines(file)
-        for key in (tuple(option.split(".")), tuple(short.split("."))):
-            if key in lines:
-                return f"{file}:{lines[key]}"
-    return None
+    flag = re.compile(rf"--({re.escape(option)}|{re.escape(short)})(=|\.|$)")
+    where = None
+    for i, arg in enumerate(arguments):
+        if arg == "--config" and i + 1 < len(arguments):
+            lines = key_lines(arguments[i + 1])
+            for key in (tuple(option.split(".")), tuple(short.split("."))):
+                if key in lines:
+                    where = f"{arguments[i + 1]}:{lines[key]}"
+                    break
+        elif flag.match(arg):
+            where = None
+    return where
 
 
 def origin(error: BaseException) -> str | None:

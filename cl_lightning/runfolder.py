@@ -2,9 +2,10 @@
 attempt's writes.
 
 :func:`hold` takes ``fcntl.flock`` on ``<run>/.lock`` (and writes this process's id into it) for as long as the
-process runs or until :func:`release_all`. The operating system drops the lock when the process ends, however it
-ends, so a lock left by a ``kill -9``'d run never blocks the next one. The file itself stays (removing it would let
-two processes lock two different files of the same name). Where ``fcntl`` does not exist (Windows) nothing is locked.
+process runs or until :func:`release` / :func:`release_all`, which remove the file. The operating system drops the
+lock when the process ends, however it ends, so a file left by a ``kill -9``'d run never blocks the next one. A
+process that locked a file its owner removed meanwhile notices (the path no longer names the locked file) and locks
+the new one, so two processes never both hold a run. Where ``fcntl`` does not exist (Windows) nothing is locked.
 """
 
 from __future__ import annotations
@@ -37,32 +38,47 @@ def hold(run: Path, name: str = LOCK_NAME) -> None:
     if fcntl is None or path in _held:
         return
     run.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise RunInUse(
-            f"{run} is being written by another process (pid {owner}); two writers would corrupt the run. "
-            f"Wait for it to end, or stop it first (kill -TERM {owner})"
-        ) from None
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RunInUse(
+                f"{run} is being written by another process (pid {owner}); two writers would corrupt the run. "
+                f"Wait for it to end, or stop it first (kill -TERM {owner})"
+            ) from None
+        if _names(path, fd):
+            break
+        os.close(fd)  # its owner removed the file between our open and flock: lock the file there now
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[path] = fd
 
 
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
 def release(run: Path, name: str = LOCK_NAME) -> None:
-    """Release the lock ``name`` of ``run`` if this process holds it."""
-    fd = _held.pop(run.resolve() / name, None)
+    """Release the lock ``name`` of ``run`` if this process holds it, and remove its file."""
+    path = run.resolve() / name
+    fd = _held.pop(path, None)
     if fd is not None:
+        if _names(path, fd):
+            path.unlink()  # while still locked: a process that opened it meanwhile sees the file is gone
         os.close(fd)  # closing the descriptor releases its flock
 
 
 def release_all() -> None:
     """Release every lock this process holds (the OS does it anyway when the process ends)."""
     for path in list(_held):
-        os.close(_held.pop(path))
+        release(path.parent, path.name)
 
 
 class Snapshot:
@@ -76,7 +92,7 @@ class Snapshot:
 
     def __init__(self, run: Path) -> None:
         self.run = run
-        self.new_folders = [p for p in (run, run.parent) if not p.exists()]
+        self.new_folders = [p for p in (run, *run.parents) if not p.exists()]  # the run, then new ancestors
         self.paths = set(run.rglob("*")) if run.is_dir() else set()
         self.records = {n: (run / n).read_bytes() for n in self.RECORDS if (run / n).is_file()}
 
