@@ -32,11 +32,9 @@ import signal
 import sys
 import time
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
-from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
@@ -52,18 +50,15 @@ from cl_lightning.callbacks.heap import fix_mmap_threshold
 from cl_lightning.callbacks.progress import TaskProgressBar
 from cl_lightning.checkpointing import (
     AtomicCheckpointIO,
-    CheckpointError,
     ConfigOptimizerValues,
     DataRecord,
-    hparam_differences,
-    last_checkpoint,
-    newest_run,
-    read_checkpoint,
+    Resume,
+    check_resume,
+    find_resume,
     remove_temp_files,
-    run_folder,
     version_of,
 )
-from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet, run_summary, weight_mismatch
+from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet, run_summary
 from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
@@ -88,24 +83,6 @@ DESCRIPTION = (
     "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks. "
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
 )
-
-
-@dataclass
-class Resume:
-    """Where a run resumes: its ``version_N`` folder (``None``: a new one), checkpoint path and loaded contents."""
-
-    run: Path | None
-    path: Path | None
-    checkpoint: dict[str, Any] | None
-
-
-def _experiment_dir(config: Namespace) -> Path | None:
-    """``<save_dir>/<name>`` of the config's logger (TensorBoard or CSV), the parent of its ``version_N`` runs."""
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args") if isinstance(logger, Namespace) else None
-    if init is None or init.get("save_dir") is None:
-        return None
-    return Path(init.save_dir) / (init.get("name") or "lightning_logs")
 
 
 class CLI(CompatCLI):
@@ -157,44 +134,14 @@ class CLI(CompatCLI):
         return super().instantiate_trainer(**kwargs)
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` (``last`` → the newest run's checkpoint) and check it opens; never let the
-        checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are compared
-        after instantiation instead)."""
+        """Resolve ``--ckpt_path`` (:func:`~cl_lightning.checkpointing.find_resume`) and lock the run it continues;
+        never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
+        compared after instantiation instead)."""
         sub = self.config.get("subcommand")
-        if not sub or self.config[sub].get("ckpt_path") is None:
-            return
-        config = self.config[sub]
-        given = str(config.ckpt_path)
-        if given in ("best", "hpc") or given.startswith("registry"):
-            return  # Lightning's own meanings
-        experiment = _experiment_dir(config)
-        if given == "last":
-            if experiment is None:
-                raise UsageError("--ckpt_path last needs a logger with a save_dir (it looks for <save_dir>/<name>/)")
-            run = _configured_run(config, experiment) or newest_run(experiment)
-            if run is None:
-                raise UsageError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
-            path = last_checkpoint(run)
-            if path is None and sub != "fit":
-                raise UsageError(f"--ckpt_path last: {run} has no checkpoint")
-            if path is None:  # killed before its first checkpoint: start that run over, in its own folder
-                config.ckpt_path = None
-                self._resume_into(config, Resume(run, None, None))
-                return
-        else:
-            path = Path(given)
-        checkpoint = read_checkpoint(path)
-        run = run_folder(path)
-        if run is not None and (experiment is None or run.parent.resolve() != experiment.resolve()):
-            run = None  # another config's run: this one starts a new version
-        config.ckpt_path = str(path)
-        self._resume_into(config, Resume(run, path, checkpoint))
-
-    def _resume_into(self, config: Namespace, resume: Resume) -> None:
-        self.resume = resume
-        if resume.run is not None and self.config.subcommand == "fit":
-            hold(resume.run)  # before anything is written into it
-            config.trainer.logger.init_args.version = version_of(resume.run)
+        self.resume = find_resume(self.config[sub], sub) if sub else None
+        if self.resume is not None and self.resume.run is not None and sub == "fit":
+            hold(self.resume.run)  # before anything is written into it
+            self.config[sub].trainer.logger.init_args.version = version_of(self.resume.run)
             # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
             warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
 
@@ -228,26 +175,9 @@ class CLI(CompatCLI):
     def _check_resume(self, resume: Resume) -> None:
         """Refuse a checkpoint of another learner or other hyperparameters; purge the resumed run's later steps."""
         if resume.checkpoint is not None:
-            differences = hparam_differences(resume.checkpoint.get("hyper_parameters", {}), dict(self.model.hparams))
-            record = resume.checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
-            if record is not None and self.subcommand == "fit":  # extending a stream (more tasks) is fine
-                data = self.config_dump.get("data") or {}
-                differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
-            other_class = bool(differences) and differences[0].startswith("the checkpoint is a")
-            weights = resume.checkpoint["state_dict"]
-            mismatch = None if other_class else weight_mismatch(weights, self.model.state_dict())
-            if other_class or mismatch:
-                listed = "; ".join([*differences[:1], *([mismatch] if mismatch else [])])
-                raise CheckpointError(
-                    f"--ckpt_path {resume.path} cannot be resumed with this config: {listed}. Use the config it was "
-                    "trained with, or start a new run without --ckpt_path"
-                )
-            if differences and not self.config[self.subcommand].get("accept_changed_hparams"):
-                raise CheckpointError(
-                    f"--ckpt_path {resume.path} does not match the config: {'; '.join(differences)}. "
-                    "Fix the config, or pass --accept_changed_hparams true to resume with the config's values"
-                )
-            if differences:
+            data = (self.config_dump.get("data") or {}) if self.subcommand == "fit" else None
+            accept = bool(self.config[self.subcommand].get("accept_changed_hparams"))
+            if check_resume(resume.checkpoint, resume.path, self.model, data, accept):  # accepted changes
                 self.trainer.callbacks.append(ConfigOptimizerValues())
         logger = self.trainer.logger
         if resume.run is not None and isinstance(logger, TensorBoardLogger):
@@ -353,15 +283,6 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         if run:
             CLI.stop.restore()
             release_all()
-
-
-def _configured_run(config: Namespace, experiment: Path) -> Path | None:
-    """The run folder the config's logger names with an explicit ``version`` (``seed_0``, ``3``), if it exists."""
-    version = config.trainer.logger.init_args.get("version")
-    if version is None:
-        return None
-    folder = experiment / (f"version_{version}" if isinstance(version, int) else str(version))
-    return folder if folder.is_dir() else None
 
 
 def _fail(error: BaseException, code: int) -> NoReturn:

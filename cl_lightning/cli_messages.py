@@ -203,18 +203,6 @@ def origin(error: BaseException) -> str | None:
     return found
 
 
-def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """Why a checkpoint's weights cannot load into a learner (missing, extra or reshaped tensors), else ``None``."""
-    missing, extra = sorted(current.keys() - saved.keys()), sorted(saved.keys() - current.keys())
-    shapes = [k for k in sorted(current.keys() & saved.keys()) if tuple(saved[k].shape) != tuple(current[k].shape)]
-    if shapes:
-        k = shapes[0]
-        return f"weight {k} has shape {list(saved[k].shape)} in the checkpoint, {list(current[k].shape)} here"
-    if missing or extra:
-        return f"the weights differ ({len(missing)} missing, e.g. {(missing or extra)[0]}; {len(extra)} unexpected)"
-    return None
-
-
 def describe(error: BaseException) -> str:
     """The one-line message of an error the CLI reports without a traceback."""
     text = " ".join(str(error).split()) or type(error).__name__

@@ -293,3 +293,24 @@ def test_help_says_what_the_package_is_and_starts_with_the_demo(capsys: pytest.C
     demo = "fit --config configs/qoa_pmnist.yaml --config configs/quick_demo.yaml --config configs/quick_qoa.yaml"
     assert demo in out
     assert "configs/quick.yaml" not in out  # its QOA setting sits at chance (README's quick-config table)
+
+
+def test_report_names_the_trials_it_could_not_read(world: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An empty and a corrupt event file are named, not silently counted as unfinished trials."""
+    made = world / "made" / "logs" / "tiny" / "version_0"
+    good = tmp_path / "suite" / "a" / "seed_0"
+    shutil.copytree(made, good, ignore=shutil.ignore_patterns("checkpoints"))
+    empty, corrupt = tmp_path / "suite" / "a" / "seed_1", tmp_path / "suite" / "a" / "seed_2"
+    for folder, content in ((empty, b""), (corrupt, b"\x00not an event file" * 20)):
+        folder.mkdir()
+        (folder / "events.out.tfevents.1.host.1.0").write_bytes(content)
+    with pytest.raises(SystemExit) as stop:
+        entry(["report", str(tmp_path / "suite")])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line for line in out if line.startswith("could not read")] == [
+        f"could not read {empty} (its values are missing below): events.out.tfevents.1.host.1.0 (empty)",
+        f"could not read {corrupt} (its values are missing below): events.out.tfevents.1.host.1.0 (no readable "
+        "event: corrupt or not an event file)",
+    ]
+    assert any("| 3 (2 unfinished) |" in line for line in out)
