@@ -2,10 +2,9 @@
 
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
 into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
-reached the last task; ``trial.json`` in its folder then says so, and a re-run skips it. An unfinished trial with
-``checkpoints/last.ckpt`` resumes from it. SIGTERM or SIGINT to the sweep reaches the running trials, which stop
-between two steps: they are recorded as ``stopped`` (not finished) and resumed by the next sweep, and the sweep
-exits with 143 / 130. Two sweeps never run the same trial at once (a lock in its folder, :mod:`cl_lightning.runfolder`).
+reached the last task; ``trial.json`` then says so, and a re-run skips it. An unfinished or ``stopped`` trial (its
+fit got SIGTERM / SIGINT, which a signal to the sweep passes on) resumes from ``checkpoints/last.ckpt``. Two sweeps
+never run one trial at once (``trial.lock``, :mod:`cl_lightning.runfolder`).
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
 ``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
@@ -15,7 +14,6 @@ folder must then be on a file system every node sees). Without Ray they run one 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shlex
@@ -31,15 +29,16 @@ from typing import Any
 
 import yaml
 
+from cl_lightning.childproc import die_with_parent as _die_with_parent
+from cl_lightning.childproc import passing_signals, received, wait_passing_signals
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.runfolder import RunInUse, hold, release
-from cl_lightning.suite import Trial, load_suite
+from cl_lightning.suite import Suite, Trial, load_suite
 
 FINISHED = "finished"
 STOPPED = "stopped"
 TRIAL_LOCK = "trial.lock"
 _STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SIGTERM / SIGINT
-_stop: dict[str, Any] = {"signum": None, "child": None}  # the signal the sweep got, the fit it is waiting for
 
 
 def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
@@ -61,16 +60,6 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     if record.exists() and json.loads(record.read_text()).get("status") == FINISHED:
         return FINISHED
     return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
-
-
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # resolved before forking
-
-
-def _die_with_parent() -> None:
-    """In the trial's process (Linux): receive SIGTERM when the sweep (or the Ray worker) running it dies, so a
-    killed sweep leaves no orphaned fit writing into the trial folder. Runs between fork and exec: one C call."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 
 
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
@@ -121,13 +110,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
         )
-        _stop["child"] = proc.pid
-        if _stop["signum"] is not None:  # the signal came while the fit was starting
-            proc.send_signal(_stop["signum"])
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            _stop["child"] = None
+        status, usage = wait_passing_signals(proc)
     proc.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
         "start": start,
@@ -168,7 +151,7 @@ def run_sequential(trials: Sequence[Trial], root: str, threads: int | None = Non
     """Run the trials one after another on this machine."""
     records = []
     for i, trial in enumerate(trials):
-        if _stop["signum"] is not None:
+        if received() is not None:
             break
         print(f"[{i + 1}/{len(trials)}] {trial.name}/seed_{trial.seed} ({trial_state(trial, root)})", flush=True)
         records.append(run_trial(trial, root, threads))
@@ -195,7 +178,7 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
         records = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets a signal through
-            if _stop["signum"] is not None:
+            if received() is not None:
                 break  # shutting Ray down sends the running fits SIGTERM (PR_SET_PDEATHSIG): they stop cleanly
             if not ready:
                 continue
@@ -218,13 +201,6 @@ def _ray_available() -> bool:
     return True
 
 
-def _on_signal(signum: int, frame: Any) -> None:
-    """SIGTERM / SIGINT: pass it to the running fit (it stops between two steps) and start no further trial."""
-    _stop["signum"] = _stop["signum"] or signum
-    if _stop["child"] is not None:
-        os.kill(_stop["child"], signum)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("suite", help="suite file, e.g. configs/suites/pmnist_cpu.yaml")
@@ -245,32 +221,38 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another."""
-    if _ray_available() and not opts.no_ray:
-        gpus = opts.gpus_per_trial
-        if gpus is None:
-            import torch
+    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another; a SIGTERM or SIGINT
+    meanwhile reaches the running fits and starts no further trial."""
+    with passing_signals():
+        if _ray_available() and not opts.no_ray:
+            gpus = opts.gpus_per_trial
+            if gpus is None:
+                import torch
 
-            gpus = 1.0 if torch.cuda.is_available() else 0.0
-        return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
-    return run_sequential(trials, opts.root)
+                gpus = 1.0 if torch.cuda.is_available() else 0.0
+            return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
+        return run_sequential(trials, opts.root)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m cl_lightning sweep``; returns 1 when a trial is left unfinished, else 0."""
-    opts = _parser().parse_args(argv)
-    suite = load_suite(opts.suite)
+def _selected(suite: Suite, opts: argparse.Namespace) -> list[Trial]:
+    """The suite's trials with ``--seeds`` and ``--fit-args`` applied, those of ``--only`` (each must exist)."""
     if opts.seeds:
         runs = list(dict.fromkeys((t.name, t.configs, t.args) for t in suite.trials))
         suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
     if opts.fit_args:
         suite.trials = [replace(t, args=(*t.args, *shlex.split(opts.fit_args))) for t in suite.trials]
     names = list(dict.fromkeys(t.name for t in suite.trials))
-    unknown = [n for n in opts.only or [] if n not in names]
+    unknown = " ".join(n for n in opts.only or [] if n not in names)
     if unknown:
-        listed = ", ".join(names)
-        raise UsageError(f"--only {' '.join(unknown)}: no such experiment in {opts.suite}; choose from: {listed}")
-    trials = [t for t in suite.trials if not opts.only or t.name in opts.only]
+        raise UsageError(f"--only {unknown}: no such experiment in {opts.suite}; choose from: {', '.join(names)}")
+    return [t for t in suite.trials if not opts.only or t.name in opts.only]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m cl_lightning sweep``; returns 1 when a trial is left unfinished, else 0."""
+    opts = _parser().parse_args(argv)
+    suite = load_suite(opts.suite)
+    trials = _selected(suite, opts)
     suite_dir = Path(opts.root) / suite.name
     if opts.dry_run:  # writes nothing
         for t in trials:
@@ -291,16 +273,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for t in trials:
         if t not in todo:
             print(f"{t.name}/seed_{t.seed}: already finished, skipped", flush=True)
-    handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        records = _run(todo, opts) if todo else []
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    records = _run(todo, opts) if todo else []
     left = sum(r.get("status") != FINISHED for r in records) + len(todo) - len(records)
     print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
     print(f"  python -m cl_lightning report {suite_dir}", flush=True)
-    if _stop["signum"] is not None:
-        print(f"stopped by {signal.Signals(_stop['signum']).name}: run the same command again to resume", flush=True)
-        return 128 + int(_stop["signum"])
+    signum = received()
+    if signum is not None:
+        print(f"stopped by {signal.Signals(signum).name}: run the same command again to resume", flush=True)
+        return 128 + signum
     return min(left, 1)
