@@ -233,6 +233,8 @@ class CLI(CompatCLI):
                 signum = stop.signum or getattr(error, "signum", signal.SIGTERM)
                 sys.stderr.write(stop_message(self.trainer, signum, self.command_line, undone) + "\n")
                 raise SystemExit(exit_code(signum)) from None
+            if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
+                raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             raise
 
     def after_fit(self) -> None:
