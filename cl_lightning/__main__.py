@@ -1,25 +1,39 @@
 """``python -m cl_lightning`` (and the ``cl-lightning`` script) runs the command line: ``fit``/``validate``/``test``
 (LightningCLI, :mod:`cl_lightning.cli`), ``sweep`` (a suite of experiments × seeds, :mod:`cl_lightning.sweep`) and
-``report`` (its figures and table, :mod:`cl_lightning.report`)."""
+``report`` (its figures and table, :mod:`cl_lightning.report`). Every command reports a mistake in one ``error:``
+line with exit code 2 (:mod:`cl_lightning.errors`)."""
+
+from __future__ import annotations
 
 import sys
 
+from cl_lightning.errors import did_you_mean, fail
 
-def main() -> None:
-    """Dispatch ``sweep`` and ``report`` to their modules and everything else to the LightningCLI."""
-    command = sys.argv[1] if len(sys.argv) > 1 else None
+LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
+COMMANDS = (*LIGHTNING_COMMANDS, "sweep", "report")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Dispatch ``sweep`` and ``report`` to their modules and the Lightning commands to the LightningCLI."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    command = args[0] if args else None
     if command == "sweep":
+        from cl_lightning.errors import guarded
         from cl_lightning.sweep import main as sweep
 
-        sys.exit(sweep(sys.argv[2:]))
+        sys.exit(guarded(sweep, args[1:]))
     elif command == "report":
+        from cl_lightning.errors import guarded
         from cl_lightning.report import main as report
 
-        sys.exit(report(sys.argv[2:]))
+        sys.exit(guarded(report, args[1:]))
+    elif command is not None and not command.startswith("-") and command not in LIGHTNING_COMMANDS:
+        hint = did_you_mean(command, COMMANDS)
+        fail(f"no command '{command}'{hint}; choose one of: {', '.join(COMMANDS)}", hint=False)
     else:
         from cl_lightning.cli import main as cli
 
-        cli()
+        cli(None if argv is None else args)
 
 
 if __name__ == "__main__":

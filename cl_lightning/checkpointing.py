@@ -3,8 +3,10 @@
 - :class:`AtomicCheckpointIO` writes each checkpoint to a temporary file in the same folder, flushes it to disk and
   renames it over the target, so a process killed at any moment leaves either the old checkpoint or the new one,
   never a truncated file.
-- :func:`newest_run`, :func:`last_checkpoint` and :func:`run_folder` map a config's logger folder
-  (``<save_dir>/<name>/version_N/checkpoints/``) to the checkpoint ``--ckpt_path last`` resumes from.
+- :func:`find_resume` (with :func:`newest_run`, :func:`last_checkpoint` and :func:`run_folder`) maps
+  ``--ckpt_path`` and a config's logger folder (``<save_dir>/<name>/version_N/checkpoints/``) to the run and
+  checkpoint it continues; :func:`check_resume` refuses a checkpoint that does not fit the config (another learner
+  class or weights of other shapes never; other hyperparameters unless accepted).
 - :func:`read_checkpoint` opens a checkpoint cheaply (memory-mapped) and turns a truncated or foreign file into one
   clear :class:`CheckpointError`; :func:`hparam_differences` lists what a checkpoint's learner was built with that
   the config now asks otherwise; :class:`DataRecord` keeps the data config in checkpoints to compare it too;
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,15 @@ TEMP_MARK = ".tmp"  # a checkpoint being written is ``<name>.ckpt.tmp<pid>`` bes
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be resumed from: missing, truncated, foreign, or built with other hyperparameters."""
+
+
+@dataclass
+class Resume:
+    """Where a run resumes: its ``version_N`` folder (``None``: a new one), checkpoint path and loaded contents."""
+
+    run: Path | None
+    path: Path | None
+    checkpoint: dict[str, Any] | None
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -91,6 +103,24 @@ def version_of(run: Path) -> int | str:
     return int(match.group(1)) if match else run.name
 
 
+def experiment_dir(config: Any) -> Path | None:
+    """``<save_dir>/<name>`` of a parsed config's logger (TensorBoard or CSV), the parent of its runs."""
+    logger = config.trainer.get("logger")
+    init = logger.get("init_args") if hasattr(logger, "get") else None
+    if init is None or init.get("save_dir") is None:
+        return None
+    return Path(init.save_dir) / (init.get("name") or "lightning_logs")
+
+
+def configured_run(config: Any, experiment: Path) -> Path | None:
+    """The run folder a parsed config's logger names with an explicit ``version`` (``seed_0``, ``3``), if it exists."""
+    version = config.trainer.logger.init_args.get("version")
+    if version is None:
+        return None
+    folder = experiment / (f"version_{version}" if isinstance(version, int) else str(version))
+    return folder if folder.is_dir() else None
+
+
 def newest_run(experiment: Path) -> Path | None:
     """The ``version_N`` folder with the highest ``N`` under a logger's ``<save_dir>/<name>``, if any."""
     runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
@@ -122,10 +152,40 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def logged_steps(checkpoint: dict[str, Any]) -> int:
-    """The logging step a checkpoint resumes at (Lightning's ``_batches_that_stepped``; ``global_step`` if absent)."""
-    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-    return int(loop.get("_batches_that_stepped", checkpoint.get("global_step", 0)))
+def find_resume(config: Any, subcommand: str) -> Resume | None:
+    """What ``--ckpt_path`` of a parsed subcommand config continues, checked to open (``None``: nothing to resume).
+
+    ``last`` is the newest checkpoint of the run the logger names (its ``version``) or else of its newest
+    ``version_N``; a ``fit`` of a run killed before its first checkpoint starts that run over in its folder. A
+    checkpoint of another config's run starts a new run. Sets ``config.ckpt_path`` to the file (or ``None``).
+
+    Raises:
+        CheckpointError: Nothing to resume, or a checkpoint that does not open.
+    """
+    given = str(config.get("ckpt_path"))
+    if config.get("ckpt_path") is None or given in ("best", "hpc") or given.startswith("registry"):
+        return None  # nothing, or Lightning's own meanings
+    experiment = experiment_dir(config)
+    if given == "last":
+        if experiment is None:
+            raise CheckpointError("--ckpt_path last needs a logger with a save_dir (it looks for <save_dir>/<name>/)")
+        run = configured_run(config, experiment) or newest_run(experiment)
+        if run is None:
+            raise CheckpointError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
+        path = last_checkpoint(run)
+        if path is None and subcommand != "fit":
+            raise CheckpointError(f"--ckpt_path last: {run} has no checkpoint")
+        if path is None:  # killed before its first checkpoint: start that run over, in its own folder
+            config.ckpt_path = None
+            return Resume(run, None, None)
+    else:
+        path = Path(given)
+    checkpoint = read_checkpoint(path)
+    run = run_folder(path)
+    if run is not None and (experiment is None or run.parent.resolve() != experiment.resolve()):
+        run = None  # another config's run: this one starts a new version
+    config.ckpt_path = str(path)
+    return Resume(run, path, checkpoint)
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -161,6 +221,47 @@ def hparam_differences(
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out
+
+
+def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a checkpoint's weights cannot load into a learner (missing, extra or reshaped tensors), else ``None``."""
+    missing, extra = sorted(current.keys() - saved.keys()), sorted(saved.keys() - current.keys())
+    shapes = [k for k in sorted(current.keys() & saved.keys()) if tuple(saved[k].shape) != tuple(current[k].shape)]
+    if shapes:
+        k = shapes[0]
+        return f"weight {k} has shape {list(saved[k].shape)} in the checkpoint, {list(current[k].shape)} here"
+    if missing or extra:
+        return f"the weights differ ({len(missing)} missing, e.g. {(missing or extra)[0]}; {len(extra)} unexpected)"
+    return None
+
+
+def check_resume(
+    checkpoint: dict[str, Any], path: Path | None, model: LightningModule, data: dict[str, Any] | None, accept: bool
+) -> bool:
+    """Refuse (:class:`CheckpointError`) a checkpoint that does not fit the config; True when it resumes with changes.
+
+    Another learner class or weights of other shapes can never resume (``--accept_changed_hparams`` is not offered);
+    other hyperparameters, or another ``data`` config (``data``: the config's, ``None`` to skip; more tasks are fine),
+    only with ``accept``.
+    """
+    differences = hparam_differences(checkpoint.get("hyper_parameters", {}), dict(model.hparams))
+    record = checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
+    if record is not None and data is not None:
+        differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
+    other_class = bool(differences) and differences[0].startswith("the checkpoint is a")
+    mismatch = None if other_class else weight_mismatch(checkpoint["state_dict"], model.state_dict())
+    if other_class or mismatch:
+        listed = "; ".join([*differences[:1], *([mismatch] if mismatch else [])])
+        raise CheckpointError(
+            f"--ckpt_path {path} cannot be resumed with this config: {listed}. Use the config it was trained with, "
+            "or start a new run without --ckpt_path"
+        )
+    if differences and not accept:
+        raise CheckpointError(
+            f"--ckpt_path {path} does not match the config: {'; '.join(differences)}. "
+            "Fix the config, or pass --accept_changed_hparams true to resume with the config's values"
+        )
+    return bool(differences)
 
 
 class DataRecord(Callback):

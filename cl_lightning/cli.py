@@ -8,7 +8,12 @@ What the CLI adds to every run, so a run can be trusted:
 
 - **errors**: a mistake in the config or on the command line is one line (``error: …``), exit code 2, no
   traceback (``--debug`` or ``CL_LIGHTNING_DEBUG=1`` shows it), and nothing is written under ``logs/``: the
-  config, the checkpoint and the data are checked before the Trainer creates the run folder;
+  config, the checkpoint and the data are checked before the Trainer creates the run folder, and an attempt that
+  fails before its first step is undone (:class:`~cl_lightning.runfolder.Snapshot`);
+- **stopping**: SIGTERM or SIGINT stops the run between two steps (:mod:`cl_lightning.stopping`): no partial
+  checkpoint, one line saying where it stopped and how to resume, exit code 143 / 130;
+- **one writer**: a run folder is locked while a ``fit`` writes it (:mod:`cl_lightning.runfolder`); a second
+  ``fit`` or resume of the same run is refused in one line;
 - **divergence**: :class:`~cl_lightning.callbacks.divergence.DivergenceStop` stops a run whose loss or weights
   turn NaN/inf (exit code 1), before that task's evaluation and checkpoint;
 - **resume**: ``--ckpt_path`` continues the *same* run (its ``version_N`` folder, TensorBoard curves purged of
@@ -23,23 +28,21 @@ What the CLI adds to every run, so a run can be trusted:
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
+import signal
 import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar, NoReturn
 
 import yaml
-from jsonargparse import Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.cli import ArgsType, LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import ArgsType, LightningArgumentParser
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import cl_lightning.callbacks
 import cl_lightning.data
@@ -49,57 +52,48 @@ from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
 from cl_lightning.checkpointing import (
     AtomicCheckpointIO,
-    CheckpointError,
     ConfigOptimizerValues,
     DataRecord,
-    hparam_differences,
-    last_checkpoint,
-    logged_steps,
-    newest_run,
-    read_checkpoint,
+    Resume,
+    check_resume,
+    find_resume,
     remove_temp_files,
-    run_folder,
     version_of,
 )
-from cl_lightning.cli_messages import DEBUG_HINT, ConciseArgumentParser, UsageError, describe, quiet, run_summary
+from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet, run_summary
 from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
+from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.lightning_compat import (
+    CompatCLI,
+    SIGTERMException,
+    checkpoint_logged_steps,
+    set_purge_step,
+    steps_run,
+)
+from cl_lightning.runfolder import Snapshot, hold, release_all
+from cl_lightning.stopping import GracefulStop, StopRequested, exit_code, stop_message
 
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
     "(fast-weight) attention and their baselines on Permuted MNIST, slowly changing regression and Split "
-    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with "
-    "`python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick.yaml`; "
+    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with the CPU demo (about a "
+    "minute): `python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick_demo.yaml "
+    "--config configs/quick_qoa.yaml`; "
     "`python -m cl_lightning fit --model.help QueryOnlyAttention` documents a learner; "
     "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks. "
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
 )
 
 
-@dataclass
-class Resume:
-    """Where a run resumes: its ``version_N`` folder (``None``: a new one), checkpoint path and loaded contents."""
-
-    run: Path | None
-    path: Path | None
-    checkpoint: dict[str, Any] | None
-
-
-def _experiment_dir(config: Namespace) -> Path | None:
-    """``<save_dir>/<name>`` of the config's logger (TensorBoard or CSV), the parent of its ``version_N`` runs."""
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args") if isinstance(logger, Namespace) else None
-    if init is None or init.get("save_dir") is None:
-        return None
-    return Path(init.save_dir) / (init.get("name") or "lightning_logs")
-
-
-class CLI(LightningCLI):
+class CLI(CompatCLI):
     """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
 
     resume: Resume | None = None
+    command_line: ClassVar[list[str]] = []  # the arguments after ``python -m cl_lightning``, for the resume hint
+    stop: ClassVar[GracefulStop] = GracefulStop()  # installed by main() for the whole command
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link the data module's shapes into the learner (they are never typed in a config)."""
@@ -126,58 +120,31 @@ class CLI(LightningCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse with each ``--config`` preceded by the fragments it includes."""
+        expanded = expand_includes(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else args
+        ConciseArgumentParser.arguments = expanded if isinstance(expanded, list) else []
         if args is None:  # the command line, expanded (passing it as ``args`` would warn about mixing the two)
-            self.config = parser.parse_args(expand_includes(sys.argv[1:]))
+            self.config = parser.parse_args(expanded)
             return
-        super().parse_arguments(parser, expand_includes(args) if isinstance(args, list) else args)
+        super().parse_arguments(parser, expanded)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer, given the named callbacks (slots set to null are off) before ``trainer.callbacks``."""
-        slots = self._get(self.config_init, "callbacks", default=None)
+        slots = self.section(self.config_init, "callbacks")
         named = [c for c in (slots.get(n) for n in CALLBACK_SLOTS) if c is not None] if slots is not None else []
         if named:
-            listed = self._get(self.config_init, "trainer", default={}).get("callbacks") or []
+            listed = self.section(self.config_init, "trainer", default={}).get("callbacks") or []
             kwargs.setdefault("callbacks", [*named, *(listed if isinstance(listed, list) else [listed])])
         return super().instantiate_trainer(**kwargs)
 
-    def _parse_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` (``last`` → the newest run's checkpoint) and check it opens; never let the
-        checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are compared
-        after instantiation instead)."""
+    def resolve_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path`` (:func:`~cl_lightning.checkpointing.find_resume`) and lock the run it continues;
+        never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
+        compared after instantiation instead)."""
         sub = self.config.get("subcommand")
-        if not sub or self.config[sub].get("ckpt_path") is None:
-            return
-        config = self.config[sub]
-        given = str(config.ckpt_path)
-        if given in ("best", "hpc") or given.startswith("registry"):
-            return  # Lightning's own meanings
-        experiment = _experiment_dir(config)
-        if given == "last":
-            if experiment is None:
-                raise UsageError("--ckpt_path last needs a logger with a save_dir (it looks for <save_dir>/<name>/)")
-            run = newest_run(experiment)
-            if run is None:
-                raise UsageError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
-            path = last_checkpoint(run)
-            if path is None and sub != "fit":
-                raise UsageError(f"--ckpt_path last: {run} has no checkpoint")
-            if path is None:  # killed before its first checkpoint: start that run over, in its own folder
-                config.ckpt_path = None
-                self._resume_into(config, Resume(run, None, None))
-                return
-        else:
-            path = Path(given)
-        checkpoint = read_checkpoint(path)
-        run = run_folder(path)
-        if run is not None and (experiment is None or run.parent.resolve() != experiment.resolve()):
-            run = None  # another config's run: this one starts a new version
-        config.ckpt_path = str(path)
-        self._resume_into(config, Resume(run, path, checkpoint))
-
-    def _resume_into(self, config: Namespace, resume: Resume) -> None:
-        self.resume = resume
-        if resume.run is not None and self.config.subcommand == "fit":
-            config.trainer.logger.init_args.version = version_of(resume.run)
+        self.resume = find_resume(self.config[sub], sub) if sub else None
+        if self.resume is not None and self.resume.run is not None and sub == "fit":
+            hold(self.resume.run)  # before anything is written into it
+            self.config[sub].trainer.logger.init_args.version = version_of(self.resume.run)
             # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
             warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
 
@@ -195,6 +162,10 @@ class CLI(LightningCLI):
             super().instantiate_classes()
         except TypeError as error:
             raise UsageError(describe(error)) from error
+        except MisconfigurationException as error:  # e.g. --trainer.accelerator gpu on a machine without one
+            accelerator = self.section(self.config, "trainer").get("accelerator")
+            hint = "" if accelerator in ("cpu", "auto") else "; without one use --trainer.accelerator cpu"
+            raise UsageError(f"trainer.accelerator={accelerator}: {describe(error)}{hint}") from error
 
     def after_instantiate_classes(self) -> None:
         """Record the data config in checkpoints; check a resumed checkpoint against the config."""
@@ -207,26 +178,17 @@ class CLI(LightningCLI):
     def _check_resume(self, resume: Resume) -> None:
         """Refuse a checkpoint of another learner or other hyperparameters; purge the resumed run's later steps."""
         if resume.checkpoint is not None:
-            differences = hparam_differences(resume.checkpoint.get("hyper_parameters", {}), dict(self.model.hparams))
-            record = resume.checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
-            if record is not None and self.subcommand == "fit":  # extending a stream (more tasks) is fine
-                data = self.config_dump.get("data") or {}
-                differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
-            if differences and not self.config[self.subcommand].get("accept_changed_hparams"):
-                raise CheckpointError(
-                    f"--ckpt_path {resume.path} does not match the config: {'; '.join(differences)}. "
-                    "Fix the config, or pass --accept_changed_hparams true to resume with the config's values"
-                )
-            if differences:
+            data = (self.config_dump.get("data") or {}) if self.subcommand == "fit" else None
+            accept = bool(self.config[self.subcommand].get("accept_changed_hparams"))
+            if check_resume(resume.checkpoint, resume.path, self.model, data, accept):  # accepted changes
                 self.trainer.callbacks.append(ConfigOptimizerValues())
         logger = self.trainer.logger
         if resume.run is not None and isinstance(logger, TensorBoardLogger):
             # TensorBoard drops the steps a killed run logged after its checkpoint: one run, continuous curves.
-            # (A public TensorBoardLogger argument has no slot for SummaryWriter's purge_step, hence _kwargs.)
-            step = logged_steps(resume.checkpoint) + 1 if resume.checkpoint is not None else 0
-            logger._kwargs["purge_step"] = step
+            step = checkpoint_logged_steps(resume.checkpoint) + 1 if resume.checkpoint is not None else 0
+            set_purge_step(logger, step)
 
-    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         """Add the task progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
         configured = list(config.get("callbacks") or []) + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in configured):
@@ -237,7 +199,7 @@ class CLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             config["plugins"] = [*plugins, AtomicCheckpointIO()]
-        return super()._instantiate_trainer(config, callbacks)
+        return super().build_trainer(config, callbacks)
 
     def before_fit(self) -> None:
         """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs and data on disk."""
@@ -256,16 +218,26 @@ class CLI(LightningCLI):
         self._started = time.monotonic()
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
-        """``Trainer.fit``; a run that fails before its first step leaves no new folder behind."""
-        log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
-        new_folders = [p for p in (log_dir, log_dir.parent) if not p.exists()] if log_dir is not None else []
+        """``Trainer.fit`` holding the run folder's lock; stops cleanly on SIGTERM / SIGINT; an attempt that fails
+        or is stopped before its first step is undone (a new folder removed, a resumed one as it was)."""
+        log_dir = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
+        snapshot = Snapshot(log_dir) if log_dir is not None else None
+        if log_dir is not None:
+            hold(log_dir)
+        stop = self.stop
+        self.trainer.callbacks.append(stop)
         try:
             self.trainer.fit(model, datamodule, **kwargs)
-        except Exception as error:
-            started = self.trainer.fit_loop.epoch_loop.batch_progress.total.completed > 0
-            if not started and not isinstance(error, DivergenceError):
-                for folder in new_folders:  # the run folder, then its config's folder if this run made it
-                    shutil.rmtree(folder, ignore_errors=True)
+        except (Exception, SIGTERMException) as error:
+            undone = snapshot is not None and steps_run(self.trainer) == 0 and not isinstance(error, DivergenceError)
+            if undone:
+                snapshot.undo()
+            if isinstance(error, (StopRequested, SIGTERMException)):
+                signum = stop.signum or getattr(error, "signum", signal.SIGTERM)
+                sys.stderr.write(stop_message(self.trainer, signum, self.command_line, undone) + "\n")
+                raise SystemExit(exit_code(signum)) from None
+            if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
+                raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             raise
 
     def after_fit(self) -> None:
@@ -279,8 +251,8 @@ class CLI(LightningCLI):
 class _ConfigOnly(CLI):
     """The CLI up to its resolved config: nothing is seeded or built."""
 
-    def _set_seed(self) -> None:
-        pass
+    def seed(self) -> None:
+        """Nothing: a resolved config needs no seed."""
 
     def instantiate_classes(self) -> None:
         """Nothing: only the parsed config is wanted."""
@@ -318,13 +290,16 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     Config and command-line mistakes exit with code 2 and one ``error:`` line; a diverged run exits with code 1.
     ``--debug`` (anywhere in the arguments) or ``CL_LIGHTNING_DEBUG=1`` shows full tracebacks instead.
     """
-    argv = sys.argv if args is None else args
-    debug = "--debug" in argv or os.environ.get("CL_LIGHTNING_DEBUG", "0") not in ("", "0")
+    debug = debug_requested(sys.argv if args is None else args)
     if args is None:
         while "--debug" in sys.argv:  # LightningCLI reads sys.argv itself
             sys.argv.remove("--debug")
     else:
         args = [a for a in args if a != "--debug"]
+    CLI.command_line = list(sys.argv[1:] if args is None else args)
+    CLI.stop = GracefulStop()
+    if run:
+        CLI.stop.install()  # a SIGTERM / SIGINT from here on stops the run at its next step (or before its first)
     ConciseArgumentParser.debug = debug
     quiet()
     fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
@@ -348,6 +323,10 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         if debug:
             raise
         _fail(error, code=2)
+    finally:
+        if run:
+            CLI.stop.restore()
+            release_all()
 
 
 def _fail(error: BaseException, code: int) -> NoReturn:

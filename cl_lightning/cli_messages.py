@@ -7,7 +7,6 @@ silenced; the last lines of a run say what happened and where its logs and check
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import inspect
 import logging
@@ -16,20 +15,16 @@ import sys
 import warnings
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 from jsonargparse import ArgumentParser
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from cl_lightning.contract import EvalSlot, metric_key
+from cl_lightning.errors import UsageError, did_you_mean, key_lines
 
-DEBUG_HINT = "traceback: --debug"
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
-
-
-class UsageError(ValueError):
-    """A mistake in the config or on the command line, already worded for the user."""
 
 
 def _import(class_path: str) -> type | None:
@@ -63,12 +58,8 @@ def _choices(key: str) -> list[str]:
     else:
         return []
     found = [getattr(package, name) for name in package.__all__]
-    return [c.__name__ for c in found if inspect.isclass(c) and issubclass(c, base) and c is not base]
-
-
-def _did_you_mean(word: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    return f" (did you mean '{close[0]}'?)" if close else ""
+    concrete = [c for c in found if inspect.isclass(c) and issubclass(c, base) and not inspect.isabstract(c)]
+    return [c.__name__ for c in concrete]
 
 
 def _key_path(message: str) -> tuple[str, str | None]:
@@ -106,6 +97,17 @@ def _short_type(text: str) -> str:
     return " or ".join(out)
 
 
+def _unknown_class(path: str, given: str) -> str:
+    """A class option given a name that is no class of its kind, or an abstract base (``ReplayLearner``)."""
+    choices = _choices(path)
+    listed = f"; choose one of: {', '.join(choices)}" if choices else ""
+    base = _import(given) or _import(f"cl_lightning.learners.{given}") or _import(f"cl_lightning.data.{given}")
+    if inspect.isclass(base) and inspect.isabstract(base):
+        return f"{path}: {base.__name__} is an abstract base class, not something to run{listed}"
+    name = given.rpartition(".")[2]
+    return f"{path}: unknown class '{given}'{did_you_mean(name, choices)}{listed}"
+
+
 def concise_parse_error(message: str) -> str:
     """One line from a jsonargparse error report: the option, what is wrong, and what it accepts."""
     path, class_path = _key_path(message)
@@ -120,20 +122,17 @@ def concise_parse_error(message: str) -> str:
             options = _options(class_path)
             name = class_path.rpartition(".")[2]
             return (
-                f"{path}.{option}: {name} has no option '{option}'{_did_you_mean(option, options)}; "
+                f"{path}.{option}: {name} has no option '{option}'{did_you_mean(option, options)}; "
                 f"its options: {', '.join(options)}"
             )
         return f"unknown option '{option}'"
     bad_class = re.search(
         r"Expected a dot import path string: (\S+)|Expected a path but (\S+) either not accessible"
-        r"|Import path (\S+) does not correspond",
+        r"|Import path (\S+) does not correspond|Problem with given class_path '([^']+)':\s*(?:module|No module)",
         message,
     )
     if bad_class and path:
-        given = next(g for g in bad_class.groups() if g)
-        choices = _choices(path)
-        listed = f"; choose one of: {', '.join(choices)}" if choices else ""
-        return f"{path}: unknown class '{given}'{_did_you_mean(given, choices)}{listed}"
+        return _unknown_class(path.removesuffix(".init_args"), next(g for g in bad_class.groups() if g))
     given = re.search(r"Given value: (.*)|Got value: (.*)", tail)
     if given and path:
         subtypes = re.search(r"Subtypes: \[(.*)\]", tail)
@@ -159,13 +158,35 @@ class ConciseArgumentParser(LightningArgumentParser):
     """
 
     debug = False
+    arguments: ClassVar[list[str]] = []  # the command line, includes expanded: where an option was set
 
     def error(self, message: str, ex: Exception | None = None) -> Any:
         """Write one line and exit with code 2 (jsonargparse's internal, non-exiting parsers are left alone)."""
         if not self.exit_on_error or type(self).debug:
             return ArgumentParser.error(self, message, ex)
-        sys.stderr.write(f"error: {concise_parse_error(message)}\n")
+        line = concise_parse_error(message)
+        option = re.match(r"([\w.]+): ", line)
+        where = locate(option.group(1), type(self).arguments) if option else None
+        sys.stderr.write(f"error: {f'{where}: ' if where else ''}{line}\n")
         raise SystemExit(2)
+
+
+def locate(option: str, arguments: list[str]) -> str | None:
+    """``file:line`` of the ``--config`` file that last sets the dotted ``option`` (``init_args`` may be left out
+    there); ``None`` when the command line sets it after every such file, or nothing does."""
+    short = ".".join(p for p in option.split(".") if p != "init_args")
+    flag = re.compile(rf"--({re.escape(option)}|{re.escape(short)})(=|\.|$)")
+    where = None
+    for i, arg in enumerate(arguments):
+        if arg == "--config" and i + 1 < len(arguments):
+            lines = key_lines(arguments[i + 1])
+            for key in (tuple(option.split(".")), tuple(short.split("."))):
+                if key in lines:
+                    where = f"{arguments[i + 1]}:{lines[key]}"
+                    break
+        elif flag.match(arg):
+            where = None
+    return where
 
 
 def origin(error: BaseException) -> str | None:
@@ -278,6 +299,8 @@ def quiet() -> None:
         ".*Total length of `DataLoader` across ranks is zero.*",
     ):
         warnings.filterwarnings("ignore", message=message)
+    # the CLI says itself that a run was stopped, and how to resume it (cl_lightning.stopping)
+    logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector").setLevel(logging.WARNING)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         log = logging.getLogger(name)
         if not any(isinstance(f, _DropAdverts) for f in log.filters):

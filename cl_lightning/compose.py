@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
+from cl_lightning.errors import UsageError, key_lines, load_yaml
 
 INCLUDE_KEY = "include"
 CALLBACK_SLOTS = ("checkpoint", "forgetting", "plasticity", "hessian", "cost")
@@ -37,25 +37,26 @@ def config_chain(path: Path, _stack: tuple[Path, ...] = ()) -> list[Path]:
         path: A YAML config file, possibly with an ``include`` list of paths relative to it.
 
     Raises:
-        FileNotFoundError: An included file does not exist.
-        ValueError: The includes form a cycle, or ``include`` is not a path or a list of paths.
+        UsageError: A file does not parse (file and line named), an included file does not exist, the includes
+            form a cycle, or ``include`` is not a path or a list of paths.
     """
     resolved = path.resolve()
     if resolved in _stack:
-        raise ValueError(f"include cycle: {' -> '.join(str(p) for p in (*_stack, resolved))}")
-    content = yaml.safe_load(path.read_text())
+        raise UsageError(f"include cycle: {' -> '.join(str(p) for p in (*_stack, resolved))}")
+    content = load_yaml(path)
     includes = content.get(INCLUDE_KEY) if isinstance(content, dict) else None
     if includes is None:
         return [path]
     if isinstance(includes, str):
         includes = [includes]
+    where = f"{path}:{key_lines(path).get((INCLUDE_KEY,), 1)}"
     if not isinstance(includes, list) or not all(isinstance(i, str) for i in includes):
-        raise ValueError(f"{path}: `{INCLUDE_KEY}` must be a path or a list of paths, got {includes!r}")
+        raise UsageError(f"{where}: `{INCLUDE_KEY}` must be a path or a list of paths, got {includes!r}")
     chain: list[Path] = []
     for include in includes:
         fragment = path.parent / include
         if not fragment.is_file():
-            raise FileNotFoundError(f"{path}: included {include!r} not found (relative to the including file)")
+            raise UsageError(f"{where}: included {include!r} not found (relative to the including file)")
         chain.extend(config_chain(fragment, (*_stack, resolved)))
     return [*chain, path]
 

@@ -28,7 +28,6 @@ backward lag, and say why a panel is empty.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -41,6 +40,7 @@ import numpy as np
 import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
+from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.results import Experiment, PaperWindows, final_window, last_value
 
 SCALARS = ("forward", "backward", "online")
@@ -55,6 +55,20 @@ def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict
     acc.Reload()
     wanted = acc.Tags()["scalars"] if tags is None else [t for t in tags if t in acc.Tags()["scalars"]]
     return {tag: {e.step: e.value for e in acc.Scalars(tag)} for tag in wanted}
+
+
+def unreadable_events(log_dir: str | Path) -> list[str]:
+    """The event files of ``log_dir`` that hold no readable event (empty, or not TensorBoard's format), as
+    ``name (why)``: their values are missing (a seed with none counts as unfinished), and the report says so."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    bad = []
+    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+        if path.stat().st_size == 0:
+            bad.append(f"{path.name} (empty)")
+        elif next(iter(EventFileLoader(str(path)).Load()), None) is None:  # every valid file opens with a version
+            bad.append(f"{path.name} (no readable event: corrupt or not an event file)")
+    return bad
 
 
 def per_task(scalars: dict[str, dict[int, float]], num_tasks: int, warmup_tasks: int = 0) -> dict[str, np.ndarray]:
@@ -290,14 +304,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     # to read trial states, and without them the import takes about 1.6 s instead of 4 s
     from cl_lightning.report_figures import write_figures
 
-    p = argparse.ArgumentParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
     p.add_argument("--out", help="where to write the report (default: <suite_dir>/report)")
     opts = p.parse_args(argv)
     suite_dir = Path(opts.suite_dir)
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
-        raise SystemExit(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
+        raise UsageError(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
+    for trial in sorted(suite_dir.glob("*/seed_*")):
+        bad = unreadable_events(trial)
+        if bad:
+            print(f"could not read {trial} (its values are missing below): {', '.join(bad)}", flush=True)
     out = Path(opts.out) if opts.out else suite_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(experiments, meta)

@@ -31,7 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
+from cl_lightning.errors import UsageError, did_you_mean, key_lines, load_yaml
+
+SUITE_KEYS = ("name", "seeds", "benchmark", "args", "experiments")
+EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config")
 
 
 @dataclass(frozen=True)
@@ -102,60 +105,82 @@ class Suite:
         }
 
 
-def _resolve(path: str, suite_file: Path) -> str:
+class _Where:
+    """Names ``file:line`` of a key of a suite file in its messages."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.lines = path, key_lines(path)
+
+    def __call__(self, *keys: str) -> str:
+        for n in range(len(keys), 0, -1):  # the key itself, else the nearest enclosing one
+            if tuple(keys[:n]) in self.lines:
+                return f"{self.path}:{self.lines[tuple(keys[:n])]}"
+        return str(self.path)
+
+
+def _resolve(path: str, where: str, suite_file: Path) -> str:
     """A config path as written (relative to the working directory), else relative to the suite file."""
-    if Path(path).exists():
+    if Path(path).is_file():
         return path
     beside = suite_file.parent / path
-    if beside.exists():
+    if beside.is_file():
         return str(beside)
-    raise FileNotFoundError(
-        f"{suite_file}: config {path!r} not found (relative to {Path.cwd()} or {suite_file.parent})"
-    )
+    raise UsageError(f"{where}: config {path!r} not found (relative to {Path.cwd()} or {suite_file.parent})")
 
 
-def _str_list(value: Any, what: str) -> list[str]:
+def _str_list(value: Any, where: str, what: str) -> list[str]:
     if value is None:
         return []
-    if isinstance(value, str) or not all(isinstance(v, (str, int, float)) for v in value):
-        raise ValueError(f"{what} must be a list of strings, got {value!r}")
+    if not isinstance(value, list) or not all(isinstance(v, (str, int, float)) for v in value):
+        raise UsageError(f"{where}: `{what}` must be a list of strings, got {value!r}")
     return [str(v) for v in value]
+
+
+def _unknown(keys: Any, known: tuple[str, ...], where: _Where, *prefix: str) -> None:
+    for key in keys:
+        if key not in known:
+            hint = did_you_mean(str(key), known)
+            raise UsageError(f"{where(*prefix, str(key))}: unknown key '{key}'{hint}; the keys: {', '.join(known)}")
 
 
 def load_suite(path: str | Path) -> Suite:
     """Parse a suite file into its trials (experiments × seeds, experiments in file order).
 
     Raises:
-        ValueError: On a missing or malformed key, with the key named.
-        FileNotFoundError: When a listed config does not exist.
+        UsageError: On a file that does not parse, an unknown, missing or malformed key or a config that does not
+            exist, naming the file and line.
     """
     path = Path(path)
-    spec = yaml.safe_load(path.read_text()) or {}
-    unknown = set(spec) - {"name", "seeds", "benchmark", "args", "experiments"}
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)} (known: name, seeds, benchmark, args, experiments)")
+    spec = load_yaml(path) or {}
+    where = _Where(path)
+    if not isinstance(spec, dict):
+        raise UsageError(f"{path}: a suite is a mapping with keys {', '.join(SUITE_KEYS)}, got {type(spec).__name__}")
+    _unknown(spec, SUITE_KEYS, where)
     seeds = spec.get("seeds")
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise ValueError(f"{path}: `seeds` must be a non-empty list of integers, got {seeds!r}")
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
+        raise UsageError(f"{where('seeds')}: `seeds` must be a non-empty list of integers, got {seeds!r}")
     if len(set(seeds)) != len(seeds):
-        raise ValueError(f"{path}: `seeds` repeats a seed: {seeds}")
+        raise UsageError(f"{where('seeds')}: `seeds` repeats a seed: {seeds}")
     experiments = spec.get("experiments")
     if not isinstance(experiments, dict) or not experiments:
-        raise ValueError(f"{path}: `experiments` must map names to {{configs: [...], args: [...]}}")
+        raise UsageError(f"{where('experiments')}: `experiments` must map names to {{configs: [...], args: [...]}}")
     name = str(spec.get("name") or path.stem)
-    common = _str_list(spec.get("args"), f"{path}: `args`")
+    common = _str_list(spec.get("args"), where("args"), "args")
     suite = Suite(name=name, trials=[], benchmark=spec.get("benchmark"))
     for exp, entry in experiments.items():
-        if not isinstance(entry, dict) or not entry.get("configs"):
-            raise ValueError(f"{path}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
-        bad = set(entry) - {"configs", "args", "label", "published", "paper_config"}
-        if bad:
-            raise ValueError(f"{path}: experiment {exp!r} has unknown keys {sorted(bad)}")
-        configs = tuple(_resolve(c, path) for c in _str_list(entry["configs"], f"{path}: {exp}.configs"))
-        args = tuple(common + _str_list(entry.get("args"), f"{path}: {exp}.args"))
-        paper = entry.get("paper_config") or configs[:1]
+        at = where("experiments", str(exp))
+        if not isinstance(entry, dict):
+            raise UsageError(f"{at}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
+        _unknown(entry, EXPERIMENT_KEYS, where, "experiments", str(exp))
+        if not entry.get("configs"):
+            raise UsageError(f"{at}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
+        at = where("experiments", str(exp), "configs")
+        configs = tuple(_resolve(c, at, path) for c in _str_list(entry["configs"], at, f"{exp}.configs"))
+        args = tuple(common + _str_list(entry.get("args"), where("experiments", str(exp), "args"), f"{exp}.args"))
+        paper = entry.get("paper_config") or list(configs[:1])
         paper = [paper] if isinstance(paper, str) else paper
-        suite.paper_configs[str(exp)] = [_resolve(c, path) for c in _str_list(paper, f"{path}: {exp}.paper_config")]
+        at = where("experiments", str(exp), "paper_config")
+        suite.paper_configs[str(exp)] = [_resolve(c, at, path) for c in _str_list(paper, at, f"{exp}.paper_config")]
         suite.labels[exp] = str(entry.get("label") or exp)
         if entry.get("published"):
             suite.published[exp] = str(entry["published"])

@@ -2,8 +2,9 @@
 
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
 into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
-reached the last task; ``trial.json`` in its folder then says so, and a re-run skips it. An unfinished trial with
-``checkpoints/last.ckpt`` resumes from it.
+reached the last task; ``trial.json`` then says so, and a re-run skips it. An unfinished or ``stopped`` trial (its
+fit got SIGTERM / SIGINT, which a signal to the sweep passes on) resumes from ``checkpoints/last.ckpt``. Two sweeps
+never run one trial at once (``trial.lock``, :mod:`cl_lightning.runfolder`).
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
 ``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
@@ -13,7 +14,6 @@ folder must then be on a file system every node sees). Without Ray they run one 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import shlex
@@ -29,9 +29,16 @@ from typing import Any
 
 import yaml
 
-from cl_lightning.suite import Trial, load_suite
+from cl_lightning.childproc import die_with_parent as _die_with_parent
+from cl_lightning.childproc import passing_signals, received, wait_passing_signals
+from cl_lightning.errors import OneLineParser, UsageError
+from cl_lightning.runfolder import RunInUse, hold, release
+from cl_lightning.suite import Suite, Trial, load_suite
 
 FINISHED = "finished"
+STOPPED = "stopped"
+TRIAL_LOCK = "trial.lock"
+_STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SIGTERM / SIGINT
 
 
 def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
@@ -55,16 +62,6 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
 
 
-_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # resolved before forking
-
-
-def _die_with_parent() -> None:
-    """In the trial's process (Linux): receive SIGTERM when the sweep (or the Ray worker) running it dies, so a
-    killed sweep leaves no orphaned fit writing into the trial folder. Runs between fork and exec: one C call."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
-
-
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
     """Run (or resume, or skip) one trial in a child process; record it in ``trial.json``; return the record.
 
@@ -78,12 +75,26 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
     log_dir = trial.log_dir(root)
+    if trial_state(trial, root) == FINISHED:
+        return json.loads((log_dir / "trial.json").read_text()) | {"skipped": True}
+    try:
+        hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
+    except RunInUse as busy:
+        return {**asdict(trial), "status": "in use", "skipped": True, "reason": str(busy)}
+    try:
+        return _attempt(trial, root, threads, cwd)
+    finally:
+        release(log_dir, TRIAL_LOCK)
+
+
+def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> dict[str, Any]:
+    """Run the trial's fit once (or skip it, finished meanwhile) and record the attempt in ``trial.json``."""
+    log_dir = trial.log_dir(root)
     record_path = log_dir / "trial.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
     state = trial_state(trial, root)
     if state == FINISHED:
         return record | {"skipped": True}
-    log_dir.mkdir(parents=True, exist_ok=True)
     ckpt = log_dir / "checkpoints" / "last.ckpt" if state == "resume" else None
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
@@ -99,7 +110,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
         )
-        _, status, usage = os.wait4(proc.pid, 0)
+        status, usage = wait_passing_signals(proc)
     proc.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
         "start": start,
@@ -115,7 +126,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     done = proc.returncode == 0 and last is not None and (wanted is None or last == wanted - 1)
     record = {
         **asdict(trial),
-        "status": FINISHED if done else "unfinished",
+        "status": FINISHED if done else STOPPED if proc.returncode in _STOP_CODES else "unfinished",
         "last_task": last,
         "num_tasks": wanted,
         "attempts": [*record.get("attempts", []), attempt],
@@ -127,7 +138,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
 def _describe(record: dict[str, Any]) -> str:
     name = f"{record['name']}/seed_{record['seed']}"
     if record.get("skipped"):
-        return f"{name}: already finished, skipped"
+        return f"{name}: {record.get('reason') or 'already finished'}, skipped"
     a = record["attempts"][-1]
     how = "resumed" if a["resumed_from"] else "ran"
     return (
@@ -140,6 +151,8 @@ def run_sequential(trials: Sequence[Trial], root: str, threads: int | None = Non
     """Run the trials one after another on this machine."""
     records = []
     for i, trial in enumerate(trials):
+        if received() is not None:
+            break
         print(f"[{i + 1}/{len(trials)}] {trial.name}/seed_{trial.seed} ({trial_state(trial, root)})", flush=True)
         records.append(run_trial(trial, root, threads))
         print("    " + _describe(records[-1]), flush=True)
@@ -164,7 +177,9 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
         pending = {remote.remote(t, root, cpus, cwd): t for t in trials}
         records = []
         while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets Ctrl-C through
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets a signal through
+            if received() is not None:
+                break  # shutting Ray down sends the running fits SIGTERM (PR_SET_PDEATHSIG): they stop cleanly
             if not ready:
                 continue
             trial = pending.pop(ready[0])
@@ -187,7 +202,7 @@ def _ray_available() -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="python -m cl_lightning sweep", description=__doc__.split("\n\n")[0])
     p.add_argument("suite", help="suite file, e.g. configs/suites/pmnist_cpu.yaml")
     p.add_argument("--root", default="logs", help="log root; trials go to <root>/<suite>/<experiment>/seed_<s>")
     p.add_argument("--only", nargs="+", metavar="EXPERIMENT", help="run only these experiments of the suite")
@@ -206,38 +221,47 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another."""
-    if _ray_available() and not opts.no_ray:
-        gpus = opts.gpus_per_trial
-        if gpus is None:
-            import torch
+    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another; a SIGTERM or SIGINT
+    meanwhile reaches the running fits and starts no further trial."""
+    with passing_signals():
+        if _ray_available() and not opts.no_ray:
+            gpus = opts.gpus_per_trial
+            if gpus is None:
+                import torch
 
-            gpus = 1.0 if torch.cuda.is_available() else 0.0
-        return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
-    return run_sequential(trials, opts.root)
+                gpus = 1.0 if torch.cuda.is_available() else 0.0
+            return run_on_ray(trials, opts.root, opts.address, opts.cpus_per_trial, gpus)
+        return run_sequential(trials, opts.root)
+
+
+def _selected(suite: Suite, opts: argparse.Namespace) -> list[Trial]:
+    """The suite's trials with ``--seeds`` and ``--fit-args`` applied, those of ``--only`` (each must exist)."""
+    if opts.seeds:
+        runs = list(dict.fromkeys((t.name, t.configs, t.args) for t in suite.trials))
+        suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
+    if opts.fit_args:
+        suite.trials = [replace(t, args=(*t.args, *shlex.split(opts.fit_args))) for t in suite.trials]
+    names = list(dict.fromkeys(t.name for t in suite.trials))
+    unknown = " ".join(n for n in opts.only or [] if n not in names)
+    if unknown:
+        raise UsageError(f"--only {unknown}: no such experiment in {opts.suite}; choose from: {', '.join(names)}")
+    return [t for t in suite.trials if not opts.only or t.name in opts.only]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning sweep``; returns 1 when a trial is left unfinished, else 0."""
     opts = _parser().parse_args(argv)
     suite = load_suite(opts.suite)
-    if opts.seeds:
-        runs = list(dict.fromkeys((t.name, t.configs, t.args) for t in suite.trials))
-        suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
-    if opts.fit_args:
-        suite.trials = [replace(t, args=(*t.args, *shlex.split(opts.fit_args))) for t in suite.trials]
-    trials = [t for t in suite.trials if not opts.only or t.name in opts.only]
-    if opts.only and not trials:
-        raise SystemExit(f"--only {opts.only}: no such experiment in {opts.suite}")
+    trials = _selected(suite, opts)
     suite_dir = Path(opts.root) / suite.name
-    suite_dir.mkdir(parents=True, exist_ok=True)
-    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
-    if opts.dry_run:
+    if opts.dry_run:  # writes nothing
         for t in trials:
             state = trial_state(t, opts.root)
             ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
+    suite_dir.mkdir(parents=True, exist_ok=True)
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
     if not opts.no_ray and not _ray_available():
         print(
             "Ray is not installed: trials run one after another. For several at once (one per GPU or per"
@@ -253,4 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     left = sum(r.get("status") != FINISHED for r in records) + len(todo) - len(records)
     print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
     print(f"  python -m cl_lightning report {suite_dir}", flush=True)
+    signum = received()
+    if signum is not None:
+        print(f"stopped by {signal.Signals(signum).name}: run the same command again to resume", flush=True)
+        return 128 + signum
     return min(left, 1)

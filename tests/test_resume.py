@@ -67,7 +67,7 @@ def test_diverging_run_without_a_checkpoint_says_so(tmp_path: Path, capsys: pyte
     assert stop.value.code == 1
     err = capsys.readouterr().err
     assert "training diverged in task 0 (step 3 of the run)" in err
-    assert "no checkpoint was written before it" in err
+    assert f"no checkpoint was written before it; its logs up to there are in {_run(tmp_path)}" in err
     assert "Traceback" not in err
 
 

@@ -96,7 +96,7 @@ def test_suite_expands_to_experiments_times_seeds(tmp_path: Path) -> None:
         ({"experiments": {"a": {"configs": ["x.yaml"]}}}, "seeds"),
         ({"seeds": [0, 0], "experiments": {"a": {"configs": ["x.yaml"]}}}, "repeats"),
         ({"seeds": [0], "experiments": {"a": {"args": []}}}, "configs"),
-        ({"seeds": [0], "experiment": {}}, "unknown keys"),
+        ({"seeds": [0], "experiment": {}}, r"unknown key 'experiment' \(did you mean 'experiments'\?\)"),
         ({"seeds": [0], "experiments": {"a": {"configs": ["missing.yaml"]}}}, "not found"),
     ],
 )

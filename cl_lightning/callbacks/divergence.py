@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
+from cl_lightning.lightning_compat import logged_steps
+
 
 class DivergenceError(RuntimeError):
     """Training produced a non-finite loss or weight; the run stopped before evaluating or checkpointing it."""
@@ -53,7 +55,7 @@ class DivergenceStop(Callback):
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the task with a clear flag."""
         self._flag = None
-        self._step = self._last_checked = trainer.fit_loop.epoch_loop._batches_that_stepped  # restored on resume
+        self._step = self._last_checked = logged_steps(trainer)  # restored on resume
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int

@@ -1,0 +1,63 @@
+"""The processes a sweep starts: they die with it, and a SIGTERM / SIGINT to the sweep reaches them.
+
+A trial's ``fit`` runs in a child process (:mod:`cl_lightning.sweep`). :func:`die_with_parent` (Linux) makes the
+child receive SIGTERM when the process that started it dies, so a killed sweep leaves no orphaned fit writing into
+a trial folder. Inside :func:`passing_signals`, a SIGTERM or SIGINT to the sweep is recorded (:func:`received`)
+and passed to the child :func:`wait_passing_signals` is waiting for; the fit then stops between two steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # resolved before forking
+_state: dict[str, int | None] = {"signum": None, "child": None}  # the signal received, the child waited for
+
+
+def die_with_parent() -> None:
+    """In the child (Linux): receive SIGTERM when the parent dies. Runs between fork and exec: one C call."""
+    if _LIBC is not None:
+        _LIBC.prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+
+
+def received() -> int | None:
+    """The SIGTERM / SIGINT received inside :func:`passing_signals` (its number), if any."""
+    return _state["signum"]
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    _state["signum"] = _state["signum"] or signum
+    if _state["child"] is not None:
+        os.kill(_state["child"], signum)
+
+
+@contextmanager
+def passing_signals() -> Iterator[None]:
+    """While inside: SIGTERM / SIGINT are recorded and passed to the waited-for child instead of ending this process."""
+    _state["signum"] = None
+    handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def wait_passing_signals(proc: subprocess.Popen) -> tuple[int, resource.struct_rusage]:
+    """Wait for ``proc`` (its ``os.wait4`` status and resource usage), passing it a signal received meanwhile."""
+    _state["child"] = proc.pid
+    try:
+        if _state["signum"] is not None:  # the signal came while the child was starting
+            proc.send_signal(_state["signum"])
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        _state["child"] = None
+    return status, usage

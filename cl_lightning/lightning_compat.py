@@ -1,0 +1,127 @@
+"""Every use of Lightning's private API, in one place, with a check that it is still there.
+
+The CLI overrides three private LightningCLI hooks and reads or writes a few private attributes, for which Lightning
+has no public equivalent. They live here under public names, and :func:`missing_internals` lists any that a
+Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails loudly on it):
+
+- ``LightningCLI._parse_ckpt_path`` (called in ``__init__`` after parsing): Lightning's version replaces the
+  config's hyperparameters with the checkpoint's; :class:`CompatCLI` routes it to :meth:`CompatCLI.resolve_ckpt_path`.
+- ``LightningCLI._set_seed`` (called in ``__init__``): routed to :meth:`CompatCLI.seed` (``resolved_config``
+  parses a config without seeding).
+- ``LightningCLI._instantiate_trainer(config, callbacks)``: the one place the Trainer's final arguments are seen;
+  routed to :meth:`CompatCLI.build_trainer`.
+- ``LightningCLI._get(config, key, default)``: reads a subcommand's section of a config.
+- ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
+- ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state) and
+  ``batch_progress.total.completed`` (training steps run by this process).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+__all__ = [
+    "CompatCLI",
+    "SIGTERMException",
+    "checkpoint_logged_steps",
+    "logged_steps",
+    "missing_internals",
+    "set_purge_step",
+    "steps_run",
+]
+
+
+class CompatCLI(LightningCLI):
+    """LightningCLI whose private hooks are reached through public names (override those, not the private ones)."""
+
+    def resolve_ckpt_path(self) -> None:
+        """Resolve ``--ckpt_path`` after parsing (Lightning's default: take the checkpoint's hyperparameters)."""
+        super()._parse_ckpt_path()
+
+    def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        """Build the Trainer from its final arguments and the extra callbacks (Lightning's default)."""
+        return super()._instantiate_trainer(config, callbacks)
+
+    def section(self, config: Any, key: str, default: Any = None) -> Any:
+        """``key`` of the running subcommand's part of ``config`` (``LightningCLI._get``)."""
+        return self._get(config, key, default=default)
+
+    def seed(self) -> None:
+        """Seed everything from ``--seed_everything`` (Lightning's default)."""
+        super()._set_seed()
+
+    def _parse_ckpt_path(self) -> None:
+        self.resolve_ckpt_path()
+
+    def _set_seed(self) -> None:
+        self.seed()
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        return self.build_trainer(config, callbacks)
+
+
+def set_purge_step(logger: TensorBoardLogger, step: int) -> None:
+    """Make the logger's SummaryWriter drop the events at and after ``step`` (set before it is created)."""
+    logger._kwargs["purge_step"] = step
+
+
+def logged_steps(trainer: Trainer) -> int:
+    """The logging step of the run (restored on resume): Lightning's ``_batches_that_stepped``."""
+    return int(trainer.fit_loop.epoch_loop._batches_that_stepped)
+
+
+def steps_run(trainer: Trainer) -> int:
+    """Training steps this process has run (0: nothing trained yet, not even on a resume)."""
+    return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
+
+
+def checkpoint_logged_steps(checkpoint: dict[str, Any]) -> int:
+    """The logging step a checkpoint resumes at (``_batches_that_stepped`` of its loop state; else ``global_step``)."""
+    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    return int(loop.get("_batches_that_stepped", checkpoint.get("global_step", 0)))
+
+
+def _source(obj: Any) -> str:
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return ""
+
+
+def missing_internals() -> list[str]:
+    """What of the private API above this Lightning no longer has, or no longer uses as assumed (empty: all there)."""
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    problems = []
+    init = _source(LightningCLI.__init__)
+    hooks = (
+        ("_parse_ckpt_path", ["self"]),
+        ("_set_seed", ["self"]),
+        ("_instantiate_trainer", ["self", "config", "callbacks"]),
+    )
+    for name, params in hooks:
+        hook = getattr(LightningCLI, name, None)
+        if hook is None or list(inspect.signature(hook).parameters) != params:
+            problems.append(f"LightningCLI.{name}{params} is gone or has another signature")
+    for call in ("self._parse_ckpt_path()", "self._set_seed()"):
+        if call not in init:
+            problems.append(f"LightningCLI.__init__ no longer calls {call}")
+    if "self._instantiate_trainer(" not in _source(LightningCLI.instantiate_trainer):
+        problems.append("LightningCLI.instantiate_trainer no longer calls self._instantiate_trainer(...)")
+    if list(inspect.signature(LightningCLI._get).parameters)[:4] != ["self", "config", "key", "default"]:
+        problems.append("LightningCLI._get(config, key, default) is gone or has another signature")
+    logger = "".join(_source(cls) for cls in TensorBoardLogger.__mro__ if cls.__module__.startswith("lightning"))
+    if "self._kwargs = kwargs" not in logger or "SummaryWriter(log_dir=self.log_dir, **self._kwargs)" not in logger:
+        problems.append("TensorBoardLogger no longer passes self._kwargs to its SummaryWriter")
+    loop = _source(_TrainingEpochLoop)
+    if "self._batches_that_stepped" not in loop or '"_batches_that_stepped"' not in loop:
+        problems.append("_TrainingEpochLoop._batches_that_stepped (and its state_dict key) is gone")
+    if "self.batch_progress" not in loop:
+        problems.append("_TrainingEpochLoop.batch_progress is gone")
+    return problems

@@ -1,0 +1,119 @@
+"""Stopping a run on SIGTERM or SIGINT without damaging it: finish the current step, write nothing half-done.
+
+A cluster scheduler, ``timeout`` or a sweep sends SIGTERM; Ctrl-C sends SIGINT. :class:`GracefulStop` (added by the
+CLI to every ``fit``) turns either into a flag, and at the next training or evaluation batch raises
+:class:`StopRequested`: the step under way finishes, a checkpoint being written completes (it is atomic anyway), and
+no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how to resume it, and
+exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it did not finish.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from cl_lightning.checkpointing import CheckpointError, read_checkpoint
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class StopRequested(Exception):  # noqa: N818 - a request, not an error
+    """Raised between steps after SIGTERM or SIGINT; ``signum`` is the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def exit_code(signum: int) -> int:
+    """The shell's exit status of a process ended by ``signum``: 128 + its number (143 SIGTERM, 130 SIGINT)."""
+    return 128 + int(signum)
+
+
+class GracefulStop(Callback):
+    """Records SIGTERM / SIGINT while installed and stops the run at the next batch (training or evaluation).
+
+    A second signal changes nothing (the first is kept): a step is not cut short, so ``kill -9`` is the way to end
+    a stuck process at once.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`."""
+        for signum in SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        """Put back the handlers :meth:`install` replaced."""
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def _stop_if_asked(self) -> None:
+        if self.signum is not None:
+            raise StopRequested(self.signum)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        """Stop before the next training step."""
+        self._stop_if_asked()
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Stop before the next evaluation batch (the task's checkpoint, written after its evaluation, is not)."""
+        self._stop_if_asked()
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Stop before a new task starts."""
+        self._stop_if_asked()
+
+
+def resume_command(command_line: list[str]) -> str:
+    """``python -m cl_lightning <the same arguments> --ckpt_path last`` (a ``--ckpt_path`` given before replaced)."""
+    args, skip = [], False
+    for arg in command_line:
+        if skip or arg.startswith("--ckpt_path="):
+            skip = False
+            continue
+        skip = arg == "--ckpt_path"
+        if not skip:
+            args.append(arg)
+    return f"python -m cl_lightning {shlex.join([*args, '--ckpt_path', 'last'])}"
+
+
+def _tasks_in(path: str) -> int | None:
+    try:
+        return int(read_checkpoint(Path(path))["epoch"]) + 1
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return None
+
+
+def stop_message(trainer: Trainer, signum: int, command_line: list[str], undone: bool) -> str:
+    """One line: the signal, the task the run stopped in, what it left behind, and the command that resumes it."""
+    name = signal.Signals(signum).name
+    where = f"stopped by {name} at task {trainer.current_epoch + 1} of {trainer.max_epochs}"
+    if undone:
+        args = shlex.join(command_line)
+        return f"{where}, before its first step: nothing was written; start it again with python -m cl_lightning {args}"
+    callback = trainer.checkpoint_callback
+    ckpt = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    if ckpt:
+        done = _tasks_in(ckpt)
+        kept = f"{ckpt} holds {done} finished task{'s' * (done != 1)}" if done is not None else f"kept {ckpt}"
+    elif callback is not None and trainer.logger is not None:
+        kept = "no checkpoint yet (the resume starts the run over in its folder)"
+    else:
+        return f"{where}; this config keeps no checkpoint, so the run cannot be resumed"
+    return f"{where}; {kept}, no partial checkpoint; resume with {resume_command(command_line)}"

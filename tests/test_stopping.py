@@ -1,0 +1,203 @@
+"""Stops a run survives: SIGTERM / SIGINT at any moment stop it between two steps (exit 143 / 130, one line saying
+how to resume, no partial checkpoint), the resume equals an uninterrupted run, a sweep records and resumes such a
+trial, and a run folder has one writer at a time, whatever happened to the previous one."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers import BACKPROP, ROOT, tiny_args
+from test_resume import CHECKPOINTS, _run, _scalars
+from test_sweep import _curve_n, _suite
+
+from cl_lightning.cli import main
+from cl_lightning.runfolder import LOCK_NAME, RunInUse, Snapshot, hold, release
+from cl_lightning.stopping import resume_command
+from cl_lightning.suite import load_suite
+from cl_lightning.sweep import FINISHED, STOPPED, run_sequential
+from cl_lightning.sweep import main as sweep_main
+
+TASKS = 10  # a tiny run of ~2 s: signals land in training, evaluation, checkpoint writes
+KEEP = [*CHECKPOINTS, "--trainer.logger.default_hp_metric=false"]  # (TensorBoard's placeholder, once per start)
+ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _fit(root: Path, tasks: int, resume: bool) -> subprocess.Popen:
+    extra = [*KEEP, *(["--ckpt_path=last"] if resume else [])]
+    cmd = [sys.executable, "-m", "cl_lightning", "fit", *tiny_args(root, BACKPROP, tasks=tasks, extra=extra)]
+    return subprocess.Popen(cmd, cwd=root, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition: Callable[[], object], timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.02)
+    assert condition(), "timed out"
+
+
+def _own_events(run: Path, proc: subprocess.Popen) -> list[Path]:
+    """The event files ``proc`` wrote (TensorBoard names them ``events.out.tfevents.<time>.<host>.<pid>.<n>``)."""
+    return [p for p in run.glob("events.out.tfevents.*") if p.name.split(".")[-2] == str(proc.pid)]
+
+
+def test_resume_command_replaces_the_checkpoint_argument() -> None:
+    given = ["fit", "--config", "a b.yaml", "--ckpt_path", "x.ckpt", "--ckpt_path=y.ckpt", "--seed_everything=1"]
+    assert resume_command(given) == (
+        "python -m cl_lightning fit --config 'a b.yaml' --seed_everything=1 --ckpt_path last"
+    )
+
+
+def test_a_held_run_refuses_a_second_holder_and_is_free_after_release(tmp_path: Path) -> None:
+    """Two holders in one process use two open files, as two processes do: the second is refused."""
+    hold(tmp_path)
+    try:
+        code = "from cl_lightning.runfolder import hold; import sys; hold(__import__('pathlib').Path(sys.argv[1]))"
+        other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=ENV, capture_output=True, text=True)
+        assert other.returncode == 1
+        assert f"is being written by another process (pid {os.getpid()})" in other.stderr
+    finally:
+        release(tmp_path)
+    assert not (tmp_path / LOCK_NAME).exists()
+    hold(tmp_path)  # free again
+    release(tmp_path)
+
+
+def test_a_failed_attempt_is_undone(tmp_path: Path) -> None:
+    run = tmp_path / "logs" / "tiny" / "version_0"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text("old")
+    snapshot = Snapshot(run)
+    (run / "config.yaml").write_text("new")
+    (run / "events.out.tfevents.1.h.2.0").write_bytes(b"x" * 163)
+    (run / "hparams.yaml").write_text("{}")
+    snapshot.undo()
+    assert sorted(str(p.relative_to(run)) for p in run.rglob("*")) == ["checkpoints", "config.yaml"]
+    assert (run / "config.yaml").read_text() == "old"
+    new = tmp_path / "new" / "tiny" / "version_0"
+    fresh = Snapshot(new)
+    new.mkdir(parents=True)
+    fresh.undo()
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(RunInUse):  # (RunInUse is a usage error: one line, exit 2)
+        raise RunInUse("x")
+
+
+def _stop_at_random(proc: subprocess.Popen, run: Path, rng: random.Random, signum: int) -> str:
+    """Send ``signum`` at a random moment after the run started writing; return the process's stderr."""
+    _wait_for(lambda: proc.poll() is not None or _own_events(run, proc))
+    time.sleep(rng.uniform(0.0, 0.8))
+    if proc.poll() is None:
+        proc.send_signal(signum)
+    return proc.communicate()[1]
+
+
+def _assert_stopped(proc: subprocess.Popen, err: str, signum: int) -> bool:
+    """A stopped fit: exit 128 + signal, one line saying where and how to resume, no error, no traceback."""
+    if proc.returncode == 0:  # finished before the signal
+        return False
+    assert proc.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    lines = [line for line in err.splitlines() if line.startswith("stopped by")]
+    assert len(lines) == 1, err
+    resumable = r"; .* resume with python -m cl_lightning fit .* --ckpt_path last"
+    undone = r", before its first step: nothing was written; start it again with python -m cl_lightning fit .*"
+    assert re.fullmatch(rf"stopped by {name} at task \d+ of {TASKS}({resumable}|{undone})", lines[0]), lines[0]
+    assert "Traceback" not in err, err
+    assert "error:" not in err, err
+    return True
+
+
+@pytest.mark.slow  # ~2-4 min on 2 busy cores: one process start per attempt
+def test_sigterm_and_sigint_at_random_moments_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
+    main(["fit", *tiny_args(tmp_path / "straight", BACKPROP, tasks=TASKS, extra=KEEP)])
+    expected = _scalars(_run(tmp_path / "straight"))
+    root = tmp_path / "stopped"
+    root.mkdir()
+    run, rng = _run(root), random.Random(0)
+    stops = 0
+    for attempt, signum in enumerate([signal.SIGTERM, signal.SIGINT, signal.SIGTERM, signal.SIGTERM]):
+        proc = _fit(root, tasks=TASKS, resume=attempt > 0)
+        err = _stop_at_random(proc, run, rng, signum)
+        stops += _assert_stopped(proc, err, signum)
+        assert not list(run.rglob("*.tmp*")), "a partial checkpoint"
+        if proc.returncode == 0:
+            break
+    else:
+        proc = _fit(root, tasks=TASKS, resume=True)
+        assert proc.wait() == 0, proc.stderr.read()
+    assert stops >= 2, "the signals landed after the runs finished"
+    assert sorted(p.name for p in run.parent.iterdir()) == ["version_0"]
+    assert not (run / LOCK_NAME).exists()
+    assert _scalars(run) == expected
+
+
+@pytest.mark.slow  # ~1-2 min: four process starts
+def test_two_resumes_at_once_one_proceeds_and_a_kill_9_frees_the_run(tmp_path: Path) -> None:
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=1, extra=CHECKPOINTS)])
+    run = _run(tmp_path)
+    a, b = _fit(tmp_path, tasks=2000, resume=True), _fit(tmp_path, tasks=2000, resume=True)
+    _wait_for(lambda: a.poll() is not None or b.poll() is not None)
+    loser, winner = (a, b) if a.poll() is not None else (b, a)
+    err = loser.communicate()[1]
+    assert loser.returncode == 2, err
+    errors = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, err
+    assert f"{run.resolve()} is being written by another process (pid {winner.pid})" in errors[0]
+    assert "Traceback" not in err
+    assert winner.poll() is None  # still training
+    _wait_for(lambda: _own_events(run, winner))
+    assert not _own_events(run, loser)
+    winner.send_signal(signal.SIGKILL)
+    winner.wait()
+    assert (run / LOCK_NAME).exists()  # left behind by the killed process: it must not block
+    after = _fit(tmp_path, tasks=2000, resume=True)
+    _wait_for(lambda: after.poll() is not None or _own_events(run, after))
+    assert after.poll() is None, after.communicate()[1]
+    after.send_signal(signal.SIGTERM)
+    err = after.communicate()[1]
+    assert after.returncode == 143, err
+    assert "error:" not in err
+
+
+@pytest.mark.slow  # ~1-2 min
+def test_a_stopped_sweep_records_the_trial_stopped_and_the_next_sweep_resumes_it(tmp_path: Path) -> None:
+    suite = _suite(tmp_path, [0], tasks=40, experiments=("b",))
+    root = tmp_path / "logs"
+    b_dir = root / "toy" / "b" / "seed_0"
+    cmd = [sys.executable, "-m", "cl_lightning", "sweep", str(suite), "--root", str(root), "--no-ray"]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    _wait_for(lambda: (b_dir / "checkpoints" / "last.ckpt").exists())
+    time.sleep(0.5)  # a few more tasks
+    proc.send_signal(signal.SIGTERM)  # to the sweep alone: it passes the signal on to the running fit
+    out = proc.communicate()[0]
+    assert proc.returncode == 143, out
+    assert "stopped by SIGTERM: run the same command again to resume" in out
+    record = json.loads((b_dir / "trial.json").read_text())
+    assert record["status"] == STOPPED
+    assert record["attempts"][-1]["returncode"] == 143
+    assert "stopped by SIGTERM at task" in (b_dir / "fit.log").read_text()
+
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    record = json.loads((b_dir / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    assert not (b_dir / "trial.lock").exists()
+    assert not (b_dir / LOCK_NAME).exists()
+    straight = load_suite(suite).trials[0]
+    run_sequential([straight], str(tmp_path / "straight"))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
+        resumed, whole = _curve_n(b_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
+        np.testing.assert_array_equal(resumed, whole)
+    assert yaml.safe_load((b_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 40
