@@ -23,7 +23,6 @@ writes ``budget.json``, ``budget.md`` and ``budget_<stream>.png`` under ``--out`
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import statistics
@@ -36,21 +35,16 @@ from typing import Any
 
 import torch
 
-from cl_lightning.data import AssociativeRecall, PermutedMNIST
-from cl_lightning.data.stream import TaskStream
-from cl_lightning.learners import KNN, QueryOnlyAttention
-from cl_lightning.learners.base import ContinualLearner
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benchmarks.lifelong_icl`
+    sys.path.insert(0, str(ROOT))
 
+from benchmarks import lifelong_icl as icl  # noqa: E402
+from cl_lightning.data import AssociativeRecall, PermutedMNIST  # noqa: E402
+from cl_lightning.data.stream import TaskStream  # noqa: E402
+from cl_lightning.learners import KNN, QueryOnlyAttention  # noqa: E402
+from cl_lightning.learners.base import ContinualLearner  # noqa: E402
 
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-icl = _load("lifelong_icl")
 LAGS = icl.LAGS
 BUDGETS = [1024 * 4**i for i in range(6)]  # 1 KB ... 1 MB
 BUFFER = ("knn_fifo", "knn_reservoir", "qoa_fifo", "qoa_reservoir")
@@ -119,8 +113,8 @@ def run_cell(spec: icl.Spec, make_stream: Callable[[int], TaskStream], seeds: in
 def crossover(cells: dict[str, dict[int, dict[str, Any]]], lag: int) -> int | None:
     """The smallest budget at which the best buffer learner's mean recall at ``lag`` reaches the best rule's."""
     for budget in sorted(next(iter(cells.values()))):
-        best_buffer = max(cells[n][budget][f"mean{lag}"] for n in cells if n in BUFFER)
-        best_rule = max(cells[n][budget][f"mean{lag}"] for n in cells if n not in BUFFER)
+        best_buffer = max(cells[n][budget][f"mean{lag}"] for n in cells if n in BUFFER and budget in cells[n])
+        best_rule = max(cells[n][budget][f"mean{lag}"] for n in cells if n not in BUFFER and budget in cells[n])
         if best_buffer >= best_rule:
             return budget
     return None
@@ -133,6 +127,8 @@ def sweep(stream_name: str, make_stream: Callable[[int], TaskStream], args: argp
     for name in (*BUFFER, *PARAMETRIC):
         cells[name] = {}
         for budget in args.budgets:
+            if name.startswith("qoa") and args.qoa_max_bytes and budget > args.qoa_max_bytes:
+                continue  # its pair scorer runs queries x supports MLP passes: minutes per seed at 1,000s of rows
             if name in PARAMETRIC:
                 spec = parametric_spec(name, budget, cfg["hidden"], probe.num_outputs, cfg["lr"])
             else:
@@ -201,6 +197,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS)
     parser.add_argument("--pmnist-train", type=int, default=500, help="Permuted-MNIST images per task")
     parser.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
+    parser.add_argument("--qoa-max-bytes", type=int, default=None, help="skip QOA above this budget")
     parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -232,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
         result[name] = sweep(name, make, args, cfg)
         figure(name, result[name], args.out / f"budget_{name}.png", 0.1)
         lines += table(name, result[name])
+        (args.out / f"budget_{name}.json").write_text(json.dumps(result[name], indent=1, default=str))
+        (args.out / f"budget_{name}.md").write_text("\n".join(table(name, result[name])))
     result["seconds"] = time.perf_counter() - started
     (args.out / "budget.json").write_text(json.dumps(result, indent=1, default=str))
     (args.out / "budget.md").write_text("\n".join(lines))
