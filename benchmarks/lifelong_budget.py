@@ -111,24 +111,28 @@ def run_cell(spec: icl.Spec, make_stream: Callable[[int], TaskStream], seeds: in
 
 
 def crossover(cells: dict[str, dict[int, dict[str, Any]]], lag: int) -> int | None:
-    """The smallest budget at which the best buffer learner's mean recall at ``lag`` reaches the best rule's."""
-    for budget in sorted(next(iter(cells.values()))):
-        best_buffer = max(cells[n][budget][f"mean{lag}"] for n in cells if n in BUFFER and budget in cells[n])
-        best_rule = max(cells[n][budget][f"mean{lag}"] for n in cells if n not in BUFFER and budget in cells[n])
-        if best_buffer >= best_rule:
-            return budget
-    return None
+    """The smallest budget from which on the best buffer learner's mean recall at ``lag`` is at least the best
+    fast-weight rule's at every budget both were run at (None if the rules stay ahead at the largest)."""
+    found = None
+    for budget in sorted({b for by_budget in cells.values() for b in by_budget}):
+        buffers = [cells[n][budget][f"mean{lag}"] for n in cells if n in BUFFER and budget in cells[n]]
+        rules = [cells[n][budget][f"mean{lag}"] for n in cells if n not in BUFFER and budget in cells[n]]
+        if buffers and rules:
+            found = (found or budget) if max(buffers) >= max(rules) else None
+    return found
 
 
 def sweep(stream_name: str, make_stream: Callable[[int], TaskStream], args: argparse.Namespace, cfg: dict) -> dict:
     """Every learner at every budget on one stream."""
     probe = make_stream(0)
     cells: dict[str, dict[int, dict[str, Any]]] = {}
-    for name in (*BUFFER, *PARAMETRIC):
+    for name in args.learners:
         cells[name] = {}
         for budget in args.budgets:
             if name.startswith("qoa") and args.qoa_max_bytes and budget > args.qoa_max_bytes:
                 continue  # its pair scorer runs queries x supports MLP passes: minutes per seed at 1,000s of rows
+            if name in PARAMETRIC and args.rule_max_bytes and budget > args.rule_max_bytes:
+                continue  # d_k = budget / 40: a 128 x 26,214 key projection trained by Adam at 1 MB
             if name in PARAMETRIC:
                 spec = parametric_spec(name, budget, cfg["hidden"], probe.num_outputs, cfg["lr"])
             else:
@@ -198,6 +202,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--pmnist-train", type=int, default=500, help="Permuted-MNIST images per task")
     parser.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
     parser.add_argument("--qoa-max-bytes", type=int, default=None, help="skip QOA above this budget")
+    parser.add_argument("--rule-max-bytes", type=int, default=None, help="skip the fast-weight rules above this")
+    parser.add_argument("--learners", nargs="+", default=[*BUFFER, *PARAMETRIC], choices=[*BUFFER, *PARAMETRIC])
     parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
