@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -150,6 +151,26 @@ def sweep(stream_name: str, make_stream: Callable[[int], TaskStream], args: argp
     return {"cells": cells, "crossover": {lag: crossover(cells, lag) for lag in LAGS}}
 
 
+LOG_LINE = re.compile(r"^(\S+)\s+(\S+)\s+([\d,]+) B \(\s*([\d,]+)\) L1 (\S+)±(\S+) L5 (\S+)±(\S+) L20 (\S+)±(\S+)")
+
+
+def from_logs(stream_name: str, logs: list[Path]) -> dict:
+    """A stream's cells rebuilt from the progress lines of runs that together cover the sweep (later lines win;
+    the forward mean is not in them: NaN)."""
+    cells: dict[str, dict[int, dict[str, Any]]] = {}
+    for log in logs:
+        for line in log.read_text().splitlines():
+            m = LOG_LINE.match(line)
+            if m and m.group(1) == stream_name:
+                v = [float(x) for x in m.groups()[4:]]
+                cell: dict[str, Any] = {"bytes": int(m.group(4).replace(",", "")), "forward": float("nan")}
+                for i, lag in enumerate(LAGS):
+                    cell[f"mean{lag}"], cell[f"std{lag}"] = v[2 * i], v[2 * i + 1]
+                cells.setdefault(m.group(2), {})[int(m.group(3).replace(",", ""))] = cell
+    cells = {n: cells[n] for n in (*BUFFER, *PARAMETRIC) if n in cells}
+    return {"cells": cells, "crossover": {lag: crossover(cells, lag) for lag in LAGS}}
+
+
 def figure(stream_name: str, result: dict, path: Path, chance: float) -> None:
     """One panel per lag: live recall against context bytes, a line per learner (mean ± std band)."""
     plt = icl._plt()
@@ -186,7 +207,7 @@ def table(stream_name: str, result: dict) -> list[str]:
     for name, by_budget in result["cells"].items():
         for budget, c in sorted(by_budget.items()):
             lags = (f"{c[f'mean{lag}']:.3f} ± {c[f'std{lag}']:.3f}" for lag in LAGS)
-            rows.append([stream_name, name, f"{budget:,}", f"{c['bytes']:,}", f"{c['forward']:.2f}", *lags])
+            rows.append([stream_name, name, f"{budget:,}", f"{c['bytes']:,}", icl._fmt(c["forward"]), *lags])
     head = "| stream | learner | budget B | bytes held | forward | lag 1 | lag 5 | lag 20 |"
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in result["crossover"].items())
     return [*icl.markdown_table(head, "llrrrrrr", rows), "", f"Crossover ({stream_name}): {cross}", ""]
@@ -204,6 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--qoa-max-bytes", type=int, default=None, help="skip QOA above this budget")
     parser.add_argument("--rule-max-bytes", type=int, default=None, help="skip the fast-weight rules above this")
     parser.add_argument("--learners", nargs="+", default=[*BUFFER, *PARAMETRIC], choices=[*BUFFER, *PARAMETRIC])
+    parser.add_argument("--from-logs", type=Path, nargs="+", help="rebuild the tables from progress logs")
     parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -232,7 +254,7 @@ def main(argv: list[str] | None = None) -> dict:
     lines = []
     for name in args.streams:
         make, cfg = configs[name]
-        result[name] = sweep(name, make, args, cfg)
+        result[name] = from_logs(name, args.from_logs) if args.from_logs else sweep(name, make, args, cfg)
         figure(name, result[name], args.out / f"budget_{name}.png", 0.1)
         lines += table(name, result[name])
         (args.out / f"budget_{name}.json").write_text(json.dumps(result[name], indent=1, default=str))
