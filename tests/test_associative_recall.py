@@ -54,3 +54,33 @@ def test_bad_arguments_raise():
         AssociativeRecall(change_fraction=0.0)
     with pytest.raises(ValueError, match="chunk_size"):
         AssociativeRecall(train_size=10, chunk_size=32)
+
+
+@pytest.mark.parametrize(("fraction", "revised"), [(0.25, 4), (0.5, 8), (1.0, 16)])
+def test_partial_revision_gives_exactly_the_stated_fraction_of_keys_a_new_value(fraction, revised):
+    stream = AssociativeRecall(num_tasks=30, num_items=16, change_fraction=fraction, revise=True, seed=2)
+    keys0 = stream.items(0)[0]
+    for t in range(1, 25):
+        v0, (k1, v1) = stream.items(t - 1)[1], stream.items(t)
+        assert torch.equal(k1, keys0)  # keys never change
+        assert int((v0 != v1).sum()) == revised  # exactly that many keys answer something new
+        assert torch.equal(v1 != v0, stream.born(t) == t)  # and they are the slots renewed at task t
+    # a revised key's examples carry its new value
+    data, slots = stream.generate(7), stream.slots(7)
+    torch.testing.assert_close(data.query_y, stream.items(7)[1][slots[256:]])
+
+
+@pytest.mark.parametrize("change", [1.0, 0.5])
+def test_a_recurring_map_returns_after_k_tasks_with_fresh_noise(change):
+    stream = AssociativeRecall(num_tasks=30, num_items=8, change_fraction=change, recur_every=5, seed=1)
+    plain = AssociativeRecall(num_tasks=30, num_items=8, change_fraction=change, seed=1)
+    for t in range(5, 30):
+        for a, b in zip(stream.items(t), stream.items(t - 5), strict=True):
+            assert torch.equal(a, b)  # the same map, bit for bit
+        for a, b in zip(stream.items(t), plain.items(t % 5), strict=True):
+            assert torch.equal(a, b)
+    assert not torch.equal(stream.items(5)[0], stream.items(4)[0])  # the 5 maps differ
+    assert not torch.equal(stream.generate(7).train_x, stream.generate(2).train_x)  # fresh noisy copies
+    assert torch.equal(stream.generate(7).train_y, stream.items(7)[1][stream.slots(7)[:256]])
+    with pytest.raises(ValueError, match="recur_every"):
+        AssociativeRecall(recur_every=0)

@@ -14,6 +14,15 @@ were last seen L tasks ago: at ``change_fraction = 1`` every association of task
 (L * num_items newer ones were written since); at smaller fractions a share min(1, L / p) of them has. Chance is
 1 / num_classes. Everything is regenerated from ``(seed, task)``: an item is a pure function of (seed, slot, the task
 at which the slot was last renewed).
+
+Two variants make the stream *reuse* keys, the case where the paper's first open question (regularising the online
+objective: forget gates, weight decay, several heads) should pay (issue 24):
+
+- ``revise=True`` (partial revision): a renewed slot keeps its key and only gets a new value, different from its
+  previous one (value = (a_j + n d_j) mod num_classes at the slot's n-th renewal, d_j in [1, num_classes)); the old
+  association must be *forgotten*, since the same key now answers something else.
+- ``recur_every=k`` (recurring maps): task t shows the map of task t mod k (fresh noisy copies), so every map
+  returns after k tasks.
 """
 
 from __future__ import annotations
@@ -37,6 +46,8 @@ class AssociativeRecall(TaskStream):
         chunk_size: Examples per training chunk.
         change_fraction: Share of slots renewed at each task, in (0, 1]; 1 makes every task a new map.
         noise: Relative noise of an example around its item (eps has the item's distribution).
+        revise: A renewed slot keeps its key and gets a new value (partial revision) instead of a new item.
+        recur_every: If set, task t shows the map of task t mod recur_every: maps recur.
         seed: Stream seed.
     """
 
@@ -53,6 +64,8 @@ class AssociativeRecall(TaskStream):
         chunk_size: int = 32,
         change_fraction: float = 1.0,
         noise: float = 0.1,
+        revise: bool = False,
+        recur_every: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
@@ -60,27 +73,41 @@ class AssociativeRecall(TaskStream):
             raise ValueError("need num_items, input_dim, train_size, query_size >= 1, num_classes >= 2, noise >= 0")
         if not 0.0 < change_fraction <= 1.0:
             raise ValueError(f"change_fraction must be in (0, 1], got {change_fraction}")
+        if recur_every is not None and recur_every < 1:
+            raise ValueError(f"recur_every must be >= 1, got {recur_every}")
         if chunk_size > train_size:
             raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
         self.num_items, self.num_outputs, self.input_shape = num_items, num_classes, (input_dim,)
         self._train_size, self.query_size, self.noise = train_size, query_size, noise
-        self.change_fraction = change_fraction
+        self.change_fraction, self.revise, self.recur_every = change_fraction, revise, recur_every
         self.period = max(1, round(1.0 / change_fraction))  # an item lives this many tasks
         order = torch.randperm(num_items, generator=task_generator(seed, 0, salt=7))
         self.offsets = order % self.period  # slot j is renewed at the tasks s with (s + offset_j) % period == 0
+        gen = task_generator(seed, 0, salt=13)  # revise: fixed keys, value a_j + n d_j at the n-th renewal
+        self.fixed_keys = torch.randn(num_items, input_dim, generator=gen) / input_dim**0.5
+        self.value_base = torch.randint(0, num_classes, (num_items,), generator=gen)
+        self.value_step = torch.randint(1, num_classes, (num_items,), generator=gen)
 
     @property
     def train_size(self) -> int:
         """Training examples per task."""
         return self._train_size
 
+    def map_of(self, task: int) -> int:
+        """The task whose map ``task`` shows: itself, or ``task mod recur_every`` when maps recur."""
+        return task if self.recur_every is None else task % self.recur_every
+
     def born(self, task: int) -> torch.Tensor:
         """The task at which each slot's current item appeared, shape (num_items,) (may be < 0: before the stream)."""
+        task = self.map_of(task)
         return task - (task + self.offsets) % self.period
 
     def items(self, task: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The map of ``task``: item keys (num_items, input_dim) and their values (num_items,)."""
         born = self.born(task)
+        if self.revise:
+            renewals = torch.div(born + self.offsets, self.period, rounding_mode="floor")  # n, an integer
+            return self.fixed_keys.clone(), (self.value_base + renewals * self.value_step) % self.num_outputs
         dim = self.input_shape[0]
         keys, values = torch.empty(self.num_items, dim), torch.empty(self.num_items, dtype=torch.long)
         for s in born.unique().tolist():  # at most `period` draws per task, each for the slots renewed at task s
@@ -91,12 +118,17 @@ class AssociativeRecall(TaskStream):
             keys[slots], values[slots] = all_keys[slots], all_values[slots]
         return keys, values
 
+    def slots(self, task: int) -> torch.Tensor:
+        """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``."""
+        gen = task_generator(self.seed, task)
+        return torch.randint(0, self.num_items, (self._train_size + self.query_size,), generator=gen)
+
     def generate(self, task: int) -> TaskData:
         """Noisy copies of the task's items in arrival order, and fresh noisy copies as queries."""
         keys, values = self.items(task)
         gen = task_generator(self.seed, task)
         n = self._train_size + self.query_size
-        idx = torch.randint(0, self.num_items, (n,), generator=gen)
+        idx = torch.randint(0, self.num_items, (n,), generator=gen)  # = self.slots(task), the generator's first draw
         x = keys[idx] + self.noise * torch.randn(n, self.input_shape[0], generator=gen) / self.input_shape[0] ** 0.5
         y = values[idx]
         k = self._train_size

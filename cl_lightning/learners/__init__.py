@@ -10,6 +10,7 @@ from cl_lightning.learners.maml_replay import MAMLReplay
 from cl_lightning.learners.parametric_attention import ParametricAttention
 from cl_lightning.learners.query_only_attention import QueryOnlyAttention
 from cl_lightning.learners.replay import ReplayLearner
+from cl_lightning.learners.stable_key_memory import StableKeyMemory
 
 __all__ = [
     "EWC",
@@ -22,4 +23,5 @@ __all__ = [
     "ParametricAttention",
     "QueryOnlyAttention",
     "ReplayLearner",
+    "StableKeyMemory",
 ]
