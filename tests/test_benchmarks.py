@@ -230,3 +230,11 @@ def test_gpu_check_script_is_valid_bash() -> None:
     """The GPU check (``bash benchmarks/gpu_paper_size.sh``, run when a GPU is lent) at least parses."""
     script = ROOT / "benchmarks" / "gpu_paper_size.sh"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow  # four child fits: 20-60 s on a loaded 2-core machine
+def test_scr_step() -> None:
+    runs = _main("scr_step")["us_per_step"]
+    variants = ("one point", "chunked", "floor")
+    assert set(runs) == {f"scr {learner} {v}" for learner in ("bp", "qoa") for v in variants}
+    assert all(len(r) == 1 and 0 < r[0] < 1e6 for r in runs.values())
