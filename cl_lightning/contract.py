@@ -4,7 +4,8 @@ callback may call on a learner or a data module.
 This module imports only ``torch`` and ``typing``: ``data/``, ``learners/`` and ``callbacks/`` all import it and it
 imports none of them, so the one-way import rules between the subpackages hold.
 
-- :class:`StreamBatch` is every training batch (one chunk of the stream); :class:`Episode` is what an evaluation
+- :class:`StreamBatch` is a training batch (one chunk of the stream), :class:`StreamSteps` several chunks stepped
+  in order inside one batch; :class:`Episode` is what an evaluation
   answers (a labelled context from the task's training portion and held-out queries).
 - :class:`EvalSlot` says why an episode is evaluated (forward, backward, a cell of the accuracy matrix, the final
   test); :func:`metric_key` turns a slot into the name its score is logged under (:func:`parse_metric_key` and
@@ -35,6 +36,21 @@ class StreamBatch(NamedTuple):
     x: Tensor
     y: Tensor
     task_id: Tensor
+
+
+class StreamSteps(NamedTuple):
+    """``K`` consecutive chunks of the stream in one batch, learned one after another (one step each):
+    ``x (K, B, *input_shape)``, ``y`` ((K, B) or (K, B, k)), ``task_id (K, B)``; ``K`` may be smaller at a task's
+    end. The data module serves them with ``steps_per_batch > 1`` (one-point streams: fewer loop round trips)."""
+
+    x: Tensor
+    y: Tensor
+    task_id: Tensor
+
+
+def steps_in(batch: object) -> int:
+    """Learner steps a training batch holds: ``K`` for :class:`StreamSteps`, else 1."""
+    return batch.x.shape[0] if isinstance(batch, StreamSteps) else 1
 
 
 class Episode(NamedTuple):

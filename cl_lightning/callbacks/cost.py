@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, Trainer
 
-from cl_lightning.contract import ObservedLearner
+from cl_lightning.contract import ObservedLearner, steps_in
 
 
 class CostMonitor(Callback):
@@ -21,10 +21,10 @@ class CostMonitor(Callback):
     - ``memory/context_bytes``: ``pl_module.context_memory_bytes()`` (default: all registered buffers: replay
       buffer, fast-weight state, counters; learners may override);
     - ``memory/param_bytes``: bytes of the parameters;
-    - ``cost/step_seconds``: mean wall time per training step (chunk) of the task, from the first step's start to
-      the last step's end (data loading of later chunks included; the evaluation and other callbacks' hooks at
-      the task's start and end excluded); on CUDA one synchronisation at the task's last step makes it count the
-      queued kernels;
+    - ``cost/step_seconds``: mean wall time per training step (chunk; a ``StreamSteps`` batch counts its chunks),
+      from the first step's start to the last step's end (data loading of later chunks included; the evaluation
+      and other callbacks' hooks at the task's start and end excluded); on CUDA one synchronisation at the task's
+      last step makes it count the queued kernels;
     - ``cost/task_seconds``: that span for the whole task.
 
     Cost knob: none needed (two clock reads per step and one log per task).
@@ -50,7 +50,7 @@ class CostMonitor(Callback):
         """Count the step and stop the clock (synchronising CUDA once, at the task's last step)."""
         if batch_idx == trainer.num_training_batches - 1 and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
-        self._steps += 1
+        self._steps += steps_in(batch)  # a StreamSteps batch holds several steps
         self._end = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:

@@ -28,30 +28,45 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, IterableDataset
 
-from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch
+from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
 from cl_lightning.data.stream import TaskStream
 
 
 class ChunkDataset(IterableDataset):
-    """The training chunks of one task (this rank's share of each), in arrival order."""
+    """The training chunks of one task (this rank's share of each), in arrival order; with ``steps > 1``,
+    ``steps`` consecutive chunks per item as one :class:`StreamSteps` (one process, equal chunks)."""
 
-    def __init__(self, stream: TaskStream, task: int, rank: int = 0, world_size: int = 1) -> None:
-        self.stream, self.task, self.rank, self.world_size = stream, task, rank, world_size
+    def __init__(self, stream: TaskStream, task: int, rank: int = 0, world_size: int = 1, steps: int = 1) -> None:
+        self.stream, self.task, self.rank, self.world_size, self.steps = stream, task, rank, world_size, steps
 
     def __len__(self) -> int:
-        """Chunks of this task (a warm-up task has its held-out queries' chunks too)."""
-        return self.stream.task_num_chunks(self.task)
+        """Batches of this task (a warm-up task has its held-out queries' chunks too)."""
+        return -(-self.stream.task_num_chunks(self.task) // self.steps)
 
-    def __iter__(self) -> Iterator[StreamBatch]:
-        """Yield ``StreamBatch`` chunks, this rank's equal share of each."""
+    def __iter__(self) -> Iterator[StreamBatch | StreamSteps]:
+        """Yield ``StreamBatch`` chunks, this rank's equal share of each, or ``StreamSteps`` of ``steps`` chunks."""
+        if self.steps > 1:
+            yield from self._steps()
+            return
         for i in range(len(self)):
             x, y, t = self.stream.chunk(self.task, i)
             end = x.shape[0] - x.shape[0] % self.world_size  # equal shares: drop the last B mod W examples
             sl = slice(self.rank, end, self.world_size)
             yield StreamBatch(x[sl], y[sl], t[sl])
+
+    def _steps(self) -> Iterator[StreamSteps]:
+        data, b = self.stream.task(self.task), self.stream.chunk_size
+        n = self.stream.task_num_chunks(self.task)
+        for i in range(0, n, self.steps):
+            lo, hi = i * b, min(n, i + self.steps) * b
+            x, y = data.train_x[lo:hi], data.train_y[lo:hi]  # (k·B, ...) -> (k, B, ...)
+            yield StreamSteps(
+                x.unflatten(0, (-1, b)), y.unflatten(0, (-1, b)), torch.full(x.shape[:1], self.task).view(-1, b)
+            )
 
 
 class EpisodeDataset(IterableDataset):
@@ -93,6 +108,10 @@ class StreamDataModule(LightningDataModule):
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
         num_probe_tasks: Evaluated tasks in the accuracy-matrix probe set (0 switches the matrix off).
         num_workers: DataLoader workers for the training chunks.
+        steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
+            :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
+            predict-then-learn steps per Lightning round trip. 1 (default): one chunk per batch. More needs one
+            process and chunks that divide every task's training portion.
     """
 
     def __init__(
@@ -103,8 +122,12 @@ class StreamDataModule(LightningDataModule):
         backward_lag: int | list[int] = 5,
         num_probe_tasks: int = 10,
         num_workers: int = 0,
+        steps_per_batch: int = 1,
     ) -> None:
         super().__init__()
+        if steps_per_batch < 1:
+            raise ValueError(f"steps_per_batch must be >= 1, got {steps_per_batch}")
+        self.steps_per_batch = steps_per_batch
         lags = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
         if context_size < 0 or not lags or min(lags) < 1 or num_probe_tasks < 0:
             raise ValueError("context_size >= 0, backward_lag >= 1 and num_probe_tasks >= 0 are required")
@@ -165,6 +188,7 @@ class StreamDataModule(LightningDataModule):
                 f"chunk_size {self.stream.chunk_size} cannot be split across {trainer.world_size} ranks: "
                 "use chunks of at least one example per rank, or fewer devices"
             )
+        self._check_steps(trainer.world_size)
         if trainer.fast_dev_run:
             return
         if trainer.reload_dataloaders_every_n_epochs != 1:
@@ -175,6 +199,20 @@ class StreamDataModule(LightningDataModule):
                 "one epoch is one task. Leave max_epochs unset and the CLI fills it in."
             )
 
+    def _check_steps(self, world_size: int) -> None:
+        if self.steps_per_batch == 1:
+            return
+        if world_size > 1:
+            raise ValueError(
+                f"steps_per_batch {self.steps_per_batch} needs one process (got {world_size}): set it to 1"
+            )
+        sizes = {self.stream.task_train_size(t) for t in {0, self.warmup_tasks}}
+        if any(n % self.stream.chunk_size for n in sizes):
+            raise ValueError(
+                f"steps_per_batch > 1 needs chunk_size {self.stream.chunk_size} to divide every task's training "
+                f"portion ({sorted(sizes)} examples)"
+            )
+
     def _task(self) -> int:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         return min(epoch, self.num_tasks - 1)
@@ -183,7 +221,7 @@ class StreamDataModule(LightningDataModule):
         """The current task's chunks (batch = one chunk, already collated)."""
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        dataset = ChunkDataset(self.stream, self._task(), rank, world)
+        dataset = ChunkDataset(self.stream, self._task(), rank, world, self.steps_per_batch)
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
     def episode(self, task: int, num_queries: int | None = None) -> Episode:

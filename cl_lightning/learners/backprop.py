@@ -12,7 +12,7 @@ from typing import Literal
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
@@ -54,12 +54,25 @@ class Backprop(ContinualLearner):
         """Logits (classification) or values (regression) of a batch of inputs."""
         return self.net(self.encoder(x))
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor:
-        """One gradient step on the chunk; its logits before the step are the online (prequential) prediction."""
+    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
+        """One gradient step on the chunk (Lightning's, on the returned loss); its logits before the step are the
+        online (prequential) prediction. ``StreamSteps``: the same step on each chunk in turn (:meth:`learn_steps`)."""
+        if isinstance(batch, StreamSteps):
+            return self.learn_steps(batch)
+        return self.chunk_loss(batch)
+
+    def chunk_loss(self, batch: StreamBatch) -> Tensor:
+        """Predict the chunk, log the online metric and return the loss."""
         x, y, _ = batch
         pred = self.predict(x)
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
+        return loss
+
+    def learn_chunk(self, batch: StreamBatch) -> Tensor:
+        """:meth:`chunk_loss`, then one optimiser step on it."""
+        loss = self.chunk_loss(batch)
+        self.plain_step(loss)
         return loss
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

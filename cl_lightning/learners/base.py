@@ -17,7 +17,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torchmetrics import Metric
 
-from cl_lightning.contract import EvalBatch, StreamBatch, TaskType, metric_key, online_key
+from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
@@ -54,6 +54,12 @@ class TaskMean(Metric):
         """Add a batch mean ``value`` of ``weight`` examples."""
         self.total.add_(value.detach().to(torch.float64), alpha=weight)  # one kernel; value · weight is exact in f64
         self.weight.add_(weight)
+
+    def update_many(self, values: Tensor, weights: Tensor) -> None:
+        """Add batch means ``values (N,)`` of ``weights (N,)`` examples each (float64 products, as :meth:`update`)."""
+        weights = weights.to(self.total)
+        self.total.add_((values.detach().to(torch.float64) * weights).sum())
+        self.weight.add_(weights.sum())
 
     def compute(self) -> Tensor:
         """The weighted mean (NaN when nothing was added on any rank)."""
@@ -92,6 +98,10 @@ class ContinualLearner(LightningModule, ABC):
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
         self._steps = 0  # host shadow of steps_taken (the checkpointed tensor), reread on load
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
+        self._plain_optimizer: torch.optim.Optimizer | None = None  # set while learn_steps runs
+        self._deferred: dict[str, tuple[list[Tensor], list[int]]] | None = None  # learn_steps' task-mean terms
+        self._deferred_online: list[tuple[Tensor, Tensor]] = []  # learn_steps' online predictions and targets
+        self._plain_steps = 0  # optimiser steps taken by plain_step in the running batch
 
     @property
     def metric_name(self) -> str:
@@ -134,7 +144,10 @@ class ContinualLearner(LightningModule, ABC):
         """Log the prequential metric of predictions made *before* learning from ``y`` (per-task mean)."""
         if pred.shape[0] == 0:
             return
-        self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
+        if self._deferred is not None:  # inside learn_steps: scored once per batch
+            self._deferred_online.append((pred.detach(), y))
+        else:
+            self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
         if loss is not None:
             self.log_task_mean("train/loss", loss, pred.shape[0])
 
@@ -146,10 +159,92 @@ class ContinualLearner(LightningModule, ABC):
         step: ``benchmarks/loop_overhead.py``), and averages over every DDP rank's chunks rather than reporting rank
         0's alone.
         """
+        if self._deferred is not None:  # inside learn_steps: added once per batch
+            values, weights = self._deferred.setdefault(name, ([], []))
+            values.append(value.detach())
+            weights.append(weight)
+            return
+        self._task_mean(name, value.device).update(value, weight)
+
+    def _task_mean(self, name: str, device: torch.device) -> TaskMean:
         metric = self._task_means.get(name)
         if metric is None:
-            metric = self._task_means[name] = TaskMean().to(value.device)
-        metric.update(value, weight)
+            metric = self._task_means[name] = TaskMean().to(device)
+        return metric
+
+    @classmethod
+    def learns_steps(cls) -> bool:
+        """Whether the learner takes :class:`~cl_lightning.contract.StreamSteps` batches: its :meth:`learn_chunk`
+        is its own or a subclass's, not an ancestor's below an overriding ``training_step`` (EWC's penalty)."""
+        owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("learn_chunk", "training_step")}
+        return owner["learn_chunk"] is not ContinualLearner and issubclass(owner["learn_chunk"], owner["training_step"])
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        """A :class:`~cl_lightning.contract.StreamSteps` batch: the learner steps itself (manual optimisation)."""
+        if isinstance(batch, StreamSteps):
+            if not self.learns_steps():
+                raise TypeError(
+                    f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1"
+                )
+            if self.automatic_optimization:  # the first one: global_step goes on from the automatic loop's count
+                self._count_steps(
+                    self.trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps
+                )
+                self.automatic_optimization = False
+
+    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
+        """Predict one chunk (:meth:`log_online`), then learn from it through :meth:`plain_step`; the loss, or ``None``
+        when no step was taken. What :meth:`learn_steps` runs per chunk; learners that take ``StreamSteps`` define it.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
+
+    def plain_step(self, loss: Tensor) -> None:
+        """One optimiser step on ``loss`` inside :meth:`learn_steps`: the optimiser itself, without Lightning's
+        wrapper (one process, full precision: the data module refuses ``StreamSteps`` under DDP)."""
+        optimizer = self._plain_optimizer
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        self._plain_steps += 1
+
+    def learn_steps(self, batch: StreamSteps) -> Tensor | None:
+        """:meth:`learn_chunk` on each chunk of the batch in arrival order (each predicted, then learned, before the
+        next is seen: the one-chunk-per-batch algorithm), the task means added once; the summed losses."""
+        self._plain_optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
+        self._deferred, self._deferred_online, self._plain_steps = {}, [], 0
+        losses = []
+        try:  # a loop over time: each chunk is learned before the next one is predicted
+            for chunk in zip(batch.x.unbind(0), batch.y.unbind(0), batch.task_id.unbind(0), strict=True):
+                loss = self.learn_chunk(StreamBatch(*chunk))
+                if loss is not None:
+                    losses.append(loss.detach())
+        finally:
+            deferred, online, self._deferred, self._plain_optimizer = self._deferred, self._deferred_online, None, None
+        self._add_deferred(deferred, online, batch.x.device)
+        # global_step: the optimiser steps taken; with nothing to train (kNN) every chunk, as Lightning's loop counts
+        self._count_steps(self._plain_steps if any(p.requires_grad for p in self.parameters()) else batch.x.shape[0])
+        return torch.stack(losses).sum() if losses else None
+
+    def _count_steps(self, steps: int) -> None:
+        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``)."""
+        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+        for tracker in (progress.total, progress.current):
+            tracker.ready += steps
+            tracker.completed += steps
+
+    def _add_deferred(
+        self,
+        deferred: dict[str, tuple[list[Tensor], list[int]]],
+        online: list[tuple[Tensor, Tensor]],
+        device: torch.device,
+    ) -> None:
+        if online:  # the weighted mean of the chunks' scores is the score of all their examples (float64)
+            pred, y = torch.cat([p for p, _ in online]), torch.cat([t for _, t in online])
+            values, weights = deferred.setdefault(online_key(self.metric_name), ([], []))
+            values.append(self.score(pred.double(), y))
+            weights.append(pred.shape[0])
+        for name, (values, weights) in deferred.items():
+            self._task_mean(name, device).update_many(torch.stack(values), torch.tensor(weights, dtype=torch.float64))
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""

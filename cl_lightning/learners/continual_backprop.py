@@ -27,7 +27,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
 from cl_lightning.learners.backprop import Backprop
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
@@ -102,18 +102,36 @@ class ContinualBackprop(Backprop):
             features.append(h)
         return self.net.layers[-1](h), features
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> dict[str, Any]:
-        """Loss of the chunk (logged as the online metric); its features go to generate-and-test after the step."""
+    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> dict[str, Any] | Tensor | None:
+        """Loss of the chunk (logged as the online metric); its features go to generate-and-test after the step.
+        ``StreamSteps``: step and generate-and-test on each chunk in turn (:meth:`learn_steps`)."""
+        if isinstance(batch, StreamSteps):
+            return self.learn_steps(batch)
+        loss, features = self._loss_and_features(batch)
+        return {"loss": loss, "features": features}
+
+    def _loss_and_features(self, batch: StreamBatch) -> tuple[Tensor, list[Tensor]]:
         x, y, _ = batch
         pred, features = self.predict_with_features(x)
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
-        return {"loss": loss, "features": [h.detach() for h in features]}
+        return loss, [h.detach() for h in features]
 
-    def on_train_batch_end(self, outputs: dict[str, Any], batch: StreamBatch, batch_idx: int) -> None:
-        """Generate-and-test after the optimiser step (``ContinualBackprop.learn``)."""
+    def learn_chunk(self, batch: StreamBatch) -> Tensor:
+        """One optimiser step on the chunk, then generate-and-test on its features (``ContinualBackprop.learn``)."""
+        optimizer = self._plain_optimizer
+        loss, features = self._loss_and_features(batch)
+        self.plain_step(loss)
+        self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
+        return loss
+
+    def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:
+        """Generate-and-test after the optimiser step (``ContinualBackprop.learn``); ``learn_chunk`` did it already
+        for a ``StreamSteps`` batch."""
+        features = outputs.get("features") if isinstance(outputs, dict) else None
+        if features is None:
+            return
         optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
-        features = outputs["features"]
         if self.trainer.world_size > 1:  # DDP: every rank tests the whole chunk, so all replace the same units
             features = [self.all_gather(h).flatten(0, 1) for h in features]  # (W, B, H) -> (W·B, H)
         self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())

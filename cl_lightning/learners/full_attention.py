@@ -123,7 +123,7 @@ class FullAttention(ReplayLearner):
         """One support set plus the step's queries."""
         return self.support_size + self.queries_per_step
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
+    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk's tail, learn on the newest example(s)."""
         x, y, task_id = batch
         x = x.flatten(1)

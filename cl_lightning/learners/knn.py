@@ -109,7 +109,7 @@ class KNN(ReplayLearner):
         pred = knn_predict(query_x, support_x, values.to(query_x.dtype), self.k, self.weighting, self.bandwidth)
         return pred.clamp_min(1e-12).log() if classification else pred
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
+    def learn_chunk(self, batch: StreamBatch) -> None:
         """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step."""
         x, y, task_id = batch
         x = x.flatten(1)

@@ -153,7 +153,7 @@ class MAMLReplay(ReplayLearner):
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss)
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> None:
+    def learn_chunk(self, batch: StreamBatch) -> None:
         """Online metric, then admit examples to the buffer and run the meta-updates they trigger."""
         x, y, task_id = batch
         x = x.flatten(1)

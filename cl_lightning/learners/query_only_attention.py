@@ -136,12 +136,14 @@ class QueryOnlyAttention(ReplayLearner):
         """A full buffer (authors' code), or one support set plus the step's queries."""
         return self.buffer.capacity if self.start_when_full else self.support_size + self.queries_per_step
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | None:
+    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
-        self.log_online_from_memory(x, y)  # the newest support_size stored examples are the support set
+        shared = self._online_is_the_query(x)
+        if not shared:
+            self.log_online_from_memory(x, y)  # the newest support_size stored examples are the support set
         self.buffer.add(x, y, task_id, gen, host_y=self.host_labels(y))
         if not self.ready():
             return None
@@ -151,21 +153,42 @@ class QueryOnlyAttention(ReplayLearner):
         )
         q_idx, s_idx = q_idx.to(x.device, non_blocking=True), s_idx.to(x.device, non_blocking=True)
         (qx, qy), (sx, sy) = self.buffer.get(q_idx), self.buffer.get(s_idx)
-        loss = self.query_loss(qx, qy, sx, sy)
+        loss, pred = self.query_forward(qx, qy, sx, sy)
+        if shared:  # the same supports, weights and query: the online prediction is this one
+            self.log_online(pred.detach(), y)
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
 
+    def _online_is_the_query(self, x: Tensor) -> bool:
+        """Whether the online prediction of ``x`` equals this step's training prediction: the sliding sampler on a
+        FIFO, one point, one query, the buffer answering before and ready after storing it (the query is then the
+        point, its supports the ``support_size`` stored before it: the online metric's support set)."""
+        return (
+            self.sampler == "sliding"
+            and self.buffer.mode == "fifo"
+            and self.queries_per_step == 1
+            and x.shape[0] == 1
+            and self.online_queries >= 1
+            and self.online_ready()
+            and min(len(self.buffer) + 1, self.buffer.capacity) >= self.ready_size
+        )
+
     def query_loss(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> Tensor:
         """The training loss of queries ``(qx, qy)`` attending over supports ``(sx, sy)``; compiled with ``compile``."""
+        return self.query_forward(qx, qy, sx, sy)[0]
+
+    def query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`query_loss` and the queries' predictions."""
         if not self.compile:
-            return self._query_loss(qx, qy, sx, sy)
+            return self._query_forward(qx, qy, sx, sy)
         if self._compiled_loss is None:
-            self._compiled_loss = torch.compile(self._query_loss, mode=self.compile_mode)
+            self._compiled_loss = torch.compile(self._query_forward, mode=self.compile_mode)
         return self._compiled_loss(qx, qy, sx, sy)
 
-    def _query_loss(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> Tensor:
-        return self.loss(self.attend(qx, sx, sy), qy)
+    def _query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
+        pred = self.attend(qx, sx, sy)
+        return self.loss(pred, qy), pred
 
     def __getstate__(self) -> dict:
         """Pickle and deep-copy without the compiled function (rebuilt at the next step)."""

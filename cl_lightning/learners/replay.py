@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
@@ -109,8 +109,17 @@ class ReplayLearner(ContinualLearner):
             k = min(self.online_queries, x.shape[0])
             self.log_online(self.predict_support(x[:k], sx, sy), y[:k])
 
+    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
+        """:meth:`learn_chunk` on the chunk, or on each chunk of a ``StreamSteps`` in turn (:meth:`learn_steps`)."""
+        if isinstance(batch, StreamSteps):
+            return self.learn_steps(batch)
+        return self.learn_chunk(batch)
+
     def replay_step(self, loss: Tensor) -> None:
         """One optimiser step on ``loss``; called by every rank on the same chunks (see the module docstring)."""
+        if self._plain_optimizer is not None:  # inside learn_steps
+            self.plain_step(loss)
+            return
         optimizer = self.optimizers()
         optimizer.zero_grad()
         self.manual_backward(loss)
