@@ -32,11 +32,9 @@ import signal
 import sys
 import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
-import yaml
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
@@ -246,42 +244,6 @@ class CLI(CompatCLI):
         recent = monitor.recent_means(10) if monitor is not None else None
         seconds = time.monotonic() - getattr(self, "_started", time.monotonic())
         sys.stdout.write(run_summary(self.trainer, seconds, recent))
-
-
-class _ConfigOnly(CLI):
-    """The CLI up to its resolved config: nothing is seeded or built."""
-
-    def seed(self) -> None:
-        """Nothing: a resolved config needs no seed."""
-
-    def instantiate_classes(self) -> None:
-        """Nothing: only the parsed config is wanted."""
-
-
-def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
-    """The config that ``fit --config C1 --config C2 … ARGS`` resolves to (includes expanded, defaults filled,
-    ``max_epochs`` from the stream), as plain values: what that run's saved ``config.yaml`` holds, less the ``fit``
-    arguments (``ckpt_path``, ``weights_only``). Nothing is built, seeded or written.
-
-    Raises:
-        SystemExit: The configs do not parse (the one-line ``error:`` of the command line).
-    """
-    argv = [a for c in configs for a in ("--config", str(c))] + list(args)
-    with warnings.catch_warnings():
-        # called from another command (`report`), whose own arguments are in sys.argv; the deprecations are
-        # jsonargparse's, raised by Lightning's own calls (and `skip_none`, kept to dump as Lightning's run does)
-        for message in ("not recommended to provide both args", "add_instantiator", "skip_none parameter"):
-            warnings.filterwarnings("ignore", message=f".*{message}.*")
-        cli = _ConfigOnly(
-            ContinualLearner,
-            StreamDataModule,
-            subclass_mode_model=True,
-            auto_configure_optimizers=False,
-            parser_class=ConciseArgumentParser,
-            args=argv,
-            run=False,
-        )
-        return yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
 
 
 def main(args: list[str] | None = None, run: bool = True) -> CLI:

@@ -2,7 +2,7 @@
 
 An experiment's paper config is the suite file's ``paper_config`` (by default the experiment's first config;
 ``sweep`` records it in ``<suite>/suite.yaml``). It is resolved as ``fit`` resolves it
-(:func:`cl_lightning.cli.resolved_config`: includes, defaults, ``max_epochs``) and compared value by value with each
+(:func:`resolved_config`: includes, defaults, ``max_epochs``) and compared value by value with each
 trial's saved ``config.yaml``, so what is listed is what the runs did differently, not what a file says. Per-trial
 bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
 """
@@ -10,6 +10,7 @@ bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,12 +94,48 @@ def paper_configs(meta: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
+def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
+    """The config that ``fit --config C1 --config C2 … ARGS`` resolves to (includes expanded, defaults filled,
+    ``max_epochs`` from the stream), as plain values: what that run's saved ``config.yaml`` holds, less the ``fit``
+    arguments (``ckpt_path``, ``weights_only``). Nothing is built, seeded or written.
+
+    Raises:
+        SystemExit: The configs do not parse (the one-line ``error:`` of the command line).
+    """
+    # the CLI pulls in Lightning and every learner: imported only when a report is written
+    from cl_lightning.cli import CLI, ConciseArgumentParser, ContinualLearner, StreamDataModule
+
+    class ConfigOnly(CLI):
+        """The CLI up to its resolved config: nothing is seeded or built."""
+
+        def seed(self) -> None:
+            """Nothing: a resolved config needs no seed."""
+
+        def instantiate_classes(self) -> None:
+            """Nothing: only the parsed config is wanted."""
+
+    argv = [a for c in configs for a in ("--config", str(c))] + list(args)
+    with warnings.catch_warnings():
+        # called from another command (`report`), whose own arguments are in sys.argv; the deprecations are
+        # jsonargparse's, raised by Lightning's own calls (and `skip_none`, kept to dump as Lightning's run does)
+        for message in ("not recommended to provide both args", "add_instantiator", "skip_none parameter"):
+            warnings.filterwarnings("ignore", message=f".*{message}.*")
+        cli = ConfigOnly(
+            ContinualLearner,
+            StreamDataModule,
+            subclass_mode_model=True,
+            auto_configure_optimizers=False,
+            parser_class=ConciseArgumentParser,
+            args=argv,
+            run=False,
+        )
+        return yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+
+
 def suite_departures(
     suite_dir: Path, experiments: Sequence[str], meta: dict[str, Any]
 ) -> dict[str, str | list[Departure]]:
     """Per experiment its departures, or why there are none to list (paper config unknown or missing)."""
-    from cl_lightning.cli import resolved_config  # Lightning and every learner: only when a report is written
-
     papers, out = paper_configs(meta), {}
     for name in experiments:
         files = papers.get(name)

@@ -8,8 +8,14 @@ import pytest
 import yaml
 from helpers import CONFIGS, ROOT
 
-from cl_lightning.cli import resolved_config
-from cl_lightning.departures import Departure, departures, departures_text, flatten, suite_departures
+from cl_lightning.departures import (
+    Departure,
+    departures,
+    departures_text,
+    flatten,
+    resolved_config,
+    suite_departures,
+)
 from cl_lightning.report import main as report_main
 from cl_lightning.suite import load_suite
 
