@@ -38,19 +38,29 @@ ROOT = Path(__file__).resolve().parents[1]
 T = TypeVar("T")
 
 
-def parser(doc: str | None, *, threads: int = 1, repeats: int = 1) -> argparse.ArgumentParser:
+def parser(
+    doc: str | None,
+    *,
+    threads: int = 1,
+    repeats: int = 1,
+    repeats_help: str = "interleaved rounds of each variant",
+    out: Path | None = None,
+) -> argparse.ArgumentParser:
     """An argument parser with the shared flags; a benchmark adds its own.
 
     Args:
         doc: The benchmark's module docstring (the help text).
         threads: Default of ``--threads`` (0: leave torch's setting).
         repeats: Default of ``--repeats``.
+        repeats_help: What ``--repeats`` repeats in this benchmark (seeds, for one that averages over seeds).
+        out: Default of ``--out`` (None: write nothing), for a benchmark that always writes its own files there.
     """
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--threads", type=int, default=threads, help="torch threads (0: leave as is)")
-    p.add_argument("--repeats", type=int, default=repeats, help="interleaved rounds of each variant")
+    p.add_argument("--repeats", type=int, default=repeats, help=repeats_help)
     p.add_argument("--small", action="store_true", help="tiny sizes: the same code path in seconds (the tests)")
-    p.add_argument("--out", type=Path, default=None, help="folder for <name>.json and <name>.md")
+    where = "folder for <name>.json and <name>.md" + ("" if out is None else " (default: %(default)s)")
+    p.add_argument("--out", type=Path, default=out, help=where)
     return p
 
 

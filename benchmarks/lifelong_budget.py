@@ -16,8 +16,10 @@ the last ``eval_last`` tasks, on AssociativeRecall (every task a new map of 8 as
 Permuted MNIST (chance 0.10); mean ± std over seeds (stream and learner seeded alike). The crossover budget is the
 smallest budget at which the best buffer learner's recall at a lag reaches the best fast-weight rule's.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/lifelong_budget.py [--small] [--repeats 5] [--threads 1] [--out DIR]``;
-writes ``budget.json``, ``budget.md`` and ``budget_<stream>.png`` under ``--out``.
+    OMP_NUM_THREADS=1 python -m benchmarks.lifelong_budget [--small] [--repeats 5] [--threads 1] [--out DIR]
+
+writes ``budget.json``, ``budget.md``, ``budget_<stream>.{json,md,png}`` and the harness's ``lifelong_budget.json``
+/ ``.md`` (every stream's table, the crossovers, the environment) under ``--out`` (default docs/results/lifelong_icl).
 """
 
 from __future__ import annotations
@@ -27,30 +29,24 @@ import json
 import math
 import re
 import statistics
-import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benchmarks.lifelong_icl`
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import lifelong_icl as icl  # noqa: E402
-from cl_lightning.data import AssociativeRecall, PermutedMNIST  # noqa: E402
-from cl_lightning.data.stream import TaskStream  # noqa: E402
-from cl_lightning.learners import KNN, QueryOnlyAttention  # noqa: E402
-from cl_lightning.learners.base import ContinualLearner  # noqa: E402
+from benchmarks import lifelong_icl as icl
+from benchmarks.harness import parser
+from cl_lightning.data import AssociativeRecall, PermutedMNIST
+from cl_lightning.data.stream import TaskStream
+from cl_lightning.learners import KNN, QueryOnlyAttention
+from cl_lightning.learners.base import ContinualLearner
 
 LAGS = icl.LAGS
 BUDGETS = [1024 * 4**i for i in range(6)]  # 1 KB ... 1 MB
 BUFFER = ("knn_fifo", "knn_reservoir", "qoa_fifo", "qoa_reservoir")
 QOA_QUERIES = 16  # queries per QOA step: with 1, its scorer takes 200 one-query steps per stream and stays at chance
 PARAMETRIC = ("delta_rule", "gated_delta_rule", "ttt_linear")
+COLUMNS = ["stream", "learner", "budget B", "bytes held", "forward", "lag 1", "lag 5", "lag 20"]
 
 
 def buffer_rows(stream: TaskStream, budget: int) -> int:
@@ -102,13 +98,8 @@ def parametric_spec(rule: str, budget: int, hidden: list[int], num_outputs: int,
 def run_cell(spec: icl.Spec, make_stream: Callable[[int], TaskStream], seeds: int, eval_last: int, queries: int):
     """Mean and std of live recall at each lag over ``seeds`` seeds, and the forward (lag 0) mean."""
     runs = [icl.run_stream(spec, make_stream(seed), eval_last, queries, seed=seed) for seed in range(seeds)]
-    out: dict[str, Any] = {"forward": statistics.fmean(r["forward"] for r in runs)}
-    for lag in LAGS:
-        values = [r["recall"][lag] for r in runs]
-        out[f"mean{lag}"] = statistics.fmean(values)
-        out[f"std{lag}"] = statistics.pstdev(values) if len(values) > 1 else 0.0
-    out["state_bytes"] = runs[0]["state_bytes"]
-    return out
+    forward = statistics.fmean(r["forward"] for r in runs)
+    return {"forward": forward, **icl.recall_stats(runs, LAGS), "state_bytes": runs[0]["state_bytes"]}
 
 
 def crossover(cells: dict[str, dict[int, dict[str, Any]]], lag: int) -> int | None:
@@ -201,36 +192,40 @@ def figure(stream_name: str, result: dict, path: Path, chance: float) -> None:
     plt.close(fig)
 
 
-def table(stream_name: str, result: dict) -> list[str]:
-    """Markdown rows: learner, budget, bytes held, forward, recall at each lag (mean ± std)."""
+def table_rows(stream_name: str, result: dict) -> list[list[str]]:
+    """The cells of the COLUMNS: learner, budget, bytes held, forward, recall at each lag (mean ± std)."""
     rows = []
     for name, by_budget in result["cells"].items():
         for budget, c in sorted(by_budget.items()):
             lags = (f"{c[f'mean{lag}']:.3f} ± {c[f'std{lag}']:.3f}" for lag in LAGS)
             rows.append([stream_name, name, f"{budget:,}", f"{c['bytes']:,}", icl._fmt(c["forward"]), *lags])
-    head = "| stream | learner | budget B | bytes held | forward | lag 1 | lag 5 | lag 20 |"
+    return rows
+
+
+def crossover_line(stream_name: str, result: dict) -> str:
+    """``Crossover (<stream>): lag 1: ..., lag 5: ..., lag 20: ...``."""
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in result["crossover"].items())
-    return [*icl.markdown_table(head, "llrrrrrr", rows), "", f"Crossover ({stream_name}): {cross}", ""]
+    return f"Crossover ({stream_name}): {cross}"
+
+
+def table(stream_name: str, result: dict) -> list[str]:
+    """Markdown lines: the stream's table, then its crossovers."""
+    return [*icl.markdown_table(COLUMNS, "llrrrrrr", table_rows(stream_name, result)), "",
+            crossover_line(stream_name, result), ""]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Sweep the budgets on both streams; write JSON, a Markdown table and one figure per stream."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/results/lifelong_icl"))
-    parser.add_argument("--repeats", type=int, default=5, help="seeds per cell")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--budgets", type=int, nargs="+", default=BUDGETS)
-    parser.add_argument("--pmnist-train", type=int, default=500, help="Permuted-MNIST images per task")
-    parser.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
-    parser.add_argument("--qoa-max-bytes", type=int, default=None, help="skip QOA above this budget")
-    parser.add_argument("--rule-max-bytes", type=int, default=None, help="skip the fast-weight rules above this")
-    parser.add_argument("--learners", nargs="+", default=[*BUFFER, *PARAMETRIC], choices=[*BUFFER, *PARAMETRIC])
-    parser.add_argument("--from-logs", type=Path, nargs="+", help="rebuild the tables from progress logs")
-    parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", message=".*self.trainer.*")
-    warnings.filterwarnings("ignore", message=".*self.log.*")
+    p = parser(__doc__, repeats=5, repeats_help="seeds per cell", out=icl.RESULTS)
+    p.add_argument("--budgets", type=int, nargs="+", default=BUDGETS)
+    p.add_argument("--pmnist-train", type=int, default=500, help="Permuted-MNIST images per task")
+    p.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
+    p.add_argument("--qoa-max-bytes", type=int, default=None, help="skip QOA above this budget")
+    p.add_argument("--rule-max-bytes", type=int, default=None, help="skip the fast-weight rules above this")
+    p.add_argument("--learners", nargs="+", default=[*BUFFER, *PARAMETRIC], choices=[*BUFFER, *PARAMETRIC])
+    p.add_argument("--from-logs", type=Path, nargs="+", help="rebuild the tables from progress logs")
+    bench = icl.start("lifelong_budget", p, argv)
+    args = bench.args
     tasks, items, dim, train, pm_tasks = 25, 8, 128, 256, 22
     if args.small:
         tasks, items, dim, train, pm_tasks, args.repeats = 7, 4, 32, 64, 7, 1
@@ -249,22 +244,23 @@ def main(argv: list[str] | None = None) -> dict:
         "AssociativeRecall": (recall, {"hidden": [128], "lr": 1e-3, "eval_last": 5, "queries": 128}),
         "PermutedMNIST": (pmnist, {"hidden": [256], "lr": 3e-4, "eval_last": 2, "queries": 200}),
     }
-    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    lines = []
+    result: dict[str, Any] = {}
+    lines, rows, crossovers = [], [], []
     for name in args.streams:
         make, cfg = configs[name]
         result[name] = from_logs(name, args.from_logs) if args.from_logs else sweep(name, make, args, cfg)
         figure(name, result[name], args.out / f"budget_{name}.png", 0.1)
         lines += table(name, result[name])
+        rows += table_rows(name, result[name])
+        crossovers.append(crossover_line(name, result[name]))
         (args.out / f"budget_{name}.json").write_text(json.dumps(result[name], indent=1, default=str))
         (args.out / f"budget_{name}.md").write_text("\n".join(table(name, result[name])))
     result["seconds"] = time.perf_counter() - started
-    (args.out / "budget.json").write_text(json.dumps(result, indent=1, default=str))
+    saved = {"args": {k: str(v) for k, v in vars(args).items()}, **result}
+    (args.out / "budget.json").write_text(json.dumps(saved, indent=1, default=str))
     (args.out / "budget.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-    print(f"total {result['seconds'] / 60:.1f} min; results in {args.out}")
-    return result
+    notes = [*crossovers, f"total {result['seconds'] / 60:.1f} min; results in {args.out}"]
+    return bench.finish(result, COLUMNS, rows, notes)
 
 
 if __name__ == "__main__":

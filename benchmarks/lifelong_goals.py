@@ -10,34 +10,29 @@ study's stream: 25 tasks of 2,000 7x7 images, chunks of 100); before this study 
 - ``sign keys, 8 routed states``: the same keys (d_k 112 each), each new input distribution written into its own
   state (so a task's 2,000 writes do not move the other tasks' readouts).
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/lifelong_goals.py [--small] [--repeats 5] [--out DIR]``.
+    OMP_NUM_THREADS=1 python -m benchmarks.lifelong_goals [--small] [--repeats 5] [--streams ...] [--out DIR]
+
+writes ``goals_<streams>.json``, ``goals_<streams>.md`` and the harness's ``lifelong_goals.json`` / ``.md`` under
+``--out`` (default docs/results/lifelong_icl).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
-import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benchmarks.lifelong_icl`
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import lifelong_icl as icl  # noqa: E402
-from cl_lightning.data import AssociativeRecall, PermutedMNIST  # noqa: E402
-from cl_lightning.data.stream import TaskStream  # noqa: E402
-from cl_lightning.learners import StableKeyMemory  # noqa: E402
-from cl_lightning.learners.base import ContinualLearner  # noqa: E402
+from benchmarks import lifelong_icl as icl
+from benchmarks.harness import parser
+from cl_lightning.data import AssociativeRecall, PermutedMNIST
+from cl_lightning.data.stream import TaskStream
+from cl_lightning.learners import StableKeyMemory
+from cl_lightning.learners.base import ContinualLearner
 
 BUDGET = 40 * 1024
 SETTINGS = {"sign keys, 1 state (d_k 1,000)": (1, 1000), "sign keys, 8 routed states (d_k 112)": (8, 112)}
+COLUMNS = ["stream", "learner", "context bytes", "forward", "lag 1", "lag 5", "lag 20"]
 
 
 def spec(label: str, hidden: list[int], lr: float) -> icl.Spec:
@@ -53,15 +48,10 @@ def spec(label: str, hidden: list[int], lr: float) -> icl.Spec:
 
 def main(argv: list[str] | None = None) -> dict:
     """Both settings on both streams over ``--repeats`` seeds; JSON and a Markdown table under ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/results/lifelong_icl"))
-    parser.add_argument("--repeats", type=int, default=5, help="seeds")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
-    parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", message=".*self.(trainer|log).*")
+    p = parser(__doc__, repeats=5, repeats_help="seeds", out=icl.RESULTS)
+    p.add_argument("--streams", nargs="+", default=["AssociativeRecall", "PermutedMNIST"])
+    bench = icl.start("lifelong_goals", p, argv)
+    args = bench.args
     tasks, dim, train, pm_train = 25, 128, 256, 2000
     if args.small:
         tasks, dim, train, pm_train, args.repeats = 7, 32, 64, 200, 1
@@ -94,20 +84,16 @@ def main(argv: list[str] | None = None) -> dict:
                 + " ".join(f"L{lag} {row[f'lag{lag}']:.3f}±{row[f'lag{lag}_std']:.3f}" for lag in icl.LAGS),
                 flush=True,
             )
-    head = "| stream | learner | context bytes | forward | lag 1 | lag 5 | lag 20 |"
     cells = [
         [r["stream"], r["learner"], f"{r['bytes']:,}"]
         + [f"{r[k]:.3f} ± {r[f'{k}_std']:.3f}" for k in ("forward", "lag1", "lag5", "lag20")]
         for r in rows
     ]
-    table = "\n".join(icl.markdown_table(head, "llrrrrr", cells))
-    args.out.mkdir(parents=True, exist_ok=True)
+    table = "\n".join(icl.markdown_table(COLUMNS, "llrrrrr", cells))
     result = {"rows": rows, "budget": BUDGET, "repeats": args.repeats, "seconds": time.perf_counter() - started}
     (args.out / f"goals_{'_'.join(args.streams)}.json").write_text(json.dumps(result, indent=1))
     (args.out / f"goals_{'_'.join(args.streams)}.md").write_text(table + "\n")
-    print(table)
-    print(f"total {result['seconds'] / 60:.1f} min")
-    return result
+    return bench.finish(result, COLUMNS, cells, [f"total {result['seconds'] / 60:.1f} min; results in {args.out}"])
 
 
 if __name__ == "__main__":

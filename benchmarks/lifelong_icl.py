@@ -14,9 +14,14 @@ rule at matched context-memory bytes, and runs the open questions as an ablation
 4. **Context bytes** early vs late and examples evicted (property 4).
 5. **Ablation**: each lever's effect on live recall at lags 5 and 20 at (about) fixed state bytes, 3 seeds.
 
-One process, one thread (``torch.set_num_threads(1)``): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
-Usage: ``python benchmarks/lifelong_icl.py [--quick | --small] [--out benchmarks/results/lifelong_icl]``; writes
-``scorecard.json``, ``ablation.md`` and one PNG per property.
+One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
+
+    python -m benchmarks.lifelong_icl [--quick | --small] [--skip PART ...] [--out benchmarks/results/lifelong_icl]
+
+writes ``scorecard.json``, ``tables.md``, one PNG per property and ``ablation.png`` under ``--out``, beside the
+harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). Its helpers
+(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_budget``, ``lifelong_reuse`` and
+``lifelong_goals`` too.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.harness import Bench, clock, parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, FullAttention, ParametricAttention, QueryOnlyAttention
@@ -42,6 +48,7 @@ from cl_lightning.learners.base import ContinualLearner
 
 LAGS = (1, 5, 20)
 STATE_FLOATS = 128 * 10  # the matched budget: a 128 x 10 float32 state, 5,120 bytes
+RESULTS = Path("docs/results/lifelong_icl")  # where lifelong_budget / _reuse / _goals write by default
 
 
 @dataclass
@@ -333,6 +340,8 @@ def op_throughput(tokens: int, chunk_sizes: list[int], repeats: int) -> dict[str
             row["recurrent"] = tokens / _best_time(partial(naive, **inputs, **ref_kwargs), 1)
             row["chunked_at_16"] = tokens / _best_time(partial(chunk, **inputs, **{arg: 16}), repeats)
             out[name] = row
+            rates = f"recurrent {row['recurrent']:>10,.0f} tok/s  chunked(16) {row['chunked_at_16']:>10,.0f}"
+            print(f"op {name:<18} {rates}", flush=True)
     return out
 
 
@@ -531,10 +540,10 @@ def _pm(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
 
 
-def markdown_table(header: str, align: str, rows: Iterable[Iterable[Any]]) -> list[str]:
-    """Lines of a Markdown table: ``header``'s cells, the separator (``align``: one ``l`` or ``r`` per column), and
-    one line per row of cells."""
-    lines = [header, "|" + "".join("---|" if a == "l" else "---:|" for a in align)]
+def markdown_table(columns: Iterable[str], align: str, rows: Iterable[Iterable[Any]]) -> list[str]:
+    """Lines of a Markdown table: the ``columns``' header, the separator (``align``: one ``l`` or ``r`` per column),
+    and one line per row of cells."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "".join("---|" if a == "l" else "---:|" for a in align)]
     return lines + ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
 
 
@@ -570,11 +579,9 @@ def scorecard_table(card: dict[str, dict[str, Any]], ops: dict[str, Any]) -> str
                 f"{row['chunked'][best]:,.0f}",
             ]
         )
-    learners_head = (
-        "| stream | learner | bytes (late) | recall lag 1 | lag 5 | lag 20 | key \\|cos\\| | ms/token early | late "
-        "| late/early | evicted |"
-    )
-    ops_head = "| op | recurrent tok/s | chunked tok/s (C = 16) | ratio | best C | tok/s at best C |"
+    learners_head = ["stream", "learner", "bytes (late)", "recall lag 1", "lag 5", "lag 20", "key \\|cos\\|",
+                     "ms/token early", "late", "late/early", "evicted"]  # fmt: skip
+    ops_head = ["op", "recurrent tok/s", "chunked tok/s (C = 16)", "ratio", "best C", "tok/s at best C"]
     return "\n".join(
         [*markdown_table(learners_head, "llrrrrrrrrr", rows), "", *markdown_table(ops_head, "lrrrrr", op_rows)]
     )
@@ -593,8 +600,8 @@ def ablation_table(rows: list[dict[str, Any]], capacity: list[dict[str, Any]]) -
         for r in rows
     ]
     sweep = [[r["items"], 5 * r["items"], *(_pm(r[f"mean{lag}"], r[f"std{lag}"]) for lag in LAGS)] for r in capacity]
-    levers_head = "| question | lever | state bytes | live recall lag 5 | lag 20 | forward (lag 0) |"
-    sweep_head = "| associations per task | after 5 tasks (newer ones) | live recall lag 1 | lag 5 | lag 20 |"
+    levers_head = ["question", "lever", "state bytes", "live recall lag 5", "lag 20", "forward (lag 0)"]
+    sweep_head = ["associations per task", "after 5 tasks (newer ones)", "live recall lag 1", "lag 5", "lag 20"]
     return "\n".join([*markdown_table(levers_head, "llrrrr", levers), "", *markdown_table(sweep_head, "rrrrr", sweep)])
 
 
@@ -605,7 +612,8 @@ def encoder_table(encoder: list[dict[str, Any]]) -> str:
         [r["setting"], f"{r['bytes']:,}", f"{r['forward']:.2f}", *(_fmt(r[k]) for k in (*lag_keys, "key_coherence"))]
         for r in encoder
     ]
-    head = "| Permuted MNIST, delta rule | state bytes | forward | live recall lag 1 | lag 5 | lag 20 | key \\|cos\\| |"
+    head = ["Permuted MNIST, delta rule", "state bytes", "forward", "live recall lag 1", "lag 5", "lag 20",
+            "key \\|cos\\|"]  # fmt: skip
     return "\n".join(markdown_table(head, "lrrrrrr", rows))
 
 
@@ -738,36 +746,72 @@ def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Cal
     return capacity
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the scorecard, the op throughput, the ablation and the capacity sweep; write JSON, tables, figures."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/lifelong_icl"))
-    parser.add_argument("--tasks", type=int, default=25, help="tasks per stream (>= 21 for lag 20)")
-    parser.add_argument("--items", type=int, default=8, help="AssociativeRecall associations per task")
-    parser.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
-    parser.add_argument("--pmnist-train", type=int, default=2_000, help="Permuted-MNIST training images per task")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--recall-train", type=int, default=256, help="AssociativeRecall training examples per task")
-    parser.add_argument("--recall-queries", type=int, default=128, help="AssociativeRecall held-out queries per task")
-    parser.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
-    parser.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
-    parser.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
-    parser.add_argument("--small", action="store_true", help="every part at toy sizes, in seconds (the smoke test)")
-    parser.add_argument(
-        "--skip", nargs="*", default=[], choices=["scorecard", "ops", "ablation", "capacity", "encoder"]
-    )
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    warnings.filterwarnings("ignore", message=".*self.trainer.*")
-    warnings.filterwarnings("ignore", message=".*self.log.*")
+def run_parts(
+    args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Each part not in ``--skip``, in order: its result and its wall seconds."""
+    runs: dict[str, Callable[[], Any]] = {
+        "scorecard": lambda: run_scorecard(args, hidden, recall_stream),
+        "ops": lambda: op_throughput(args.tokens, args.chunk_sizes, args.repeats),
+        "ablation": lambda: run_ablation(args, hidden, recall_stream),
+        "capacity": lambda: run_capacity(args, hidden, recall_stream),
+        "encoder": lambda: run_encoder_study(args),
+    }
+    parts: dict[str, Any] = {}
+    seconds: dict[str, float] = {}
+    for part, run in runs.items():
+        if part not in args.skip:
+            with clock() as t:
+                parts[part] = run()
+            seconds[part] = t.wall
+    return parts, seconds
+
+
+def write_figures(card: dict, ops: dict, rows: list, out: Path) -> None:
+    """One PNG per property and the ablation's, each where its part was run."""
+    if card:
+        figure_recall(card, dict.fromkeys(card, 1 / 10), out / "property1_live_recall.png")
+        figure_cost(card, out / "property2_cost_per_token.png")
+        figure_memory(card, out / "property4_memory.png")
+    if ops:
+        figure_parallel(ops, out / "property3_chunked_vs_recurrent.png")
+    if rows:
+        figure_ablation(rows, 0.1, out / "ablation.png")
+
+
+def start(name: str, p: argparse.ArgumentParser, argv: list[str] | None) -> Bench:
+    """:meth:`Bench.start` for the lifelong benchmarks: ``--out`` made (they write their own files there as they
+    go) and the learners' warnings silenced (run outside a Trainer, ``self.log`` has nowhere to log)."""
+    bench = Bench.start(name, p, argv)
+    warnings.filterwarnings("ignore", message=".*self.(trainer|log).*")
+    bench.args.out.mkdir(parents=True, exist_ok=True)
+    return bench
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the scorecard, the op throughput, the ablation, the capacity sweep and the encoder study (each unless
+    skipped); write JSON, tables and figures under ``--out``."""
+    p = parser(__doc__, repeats=2, repeats_help="best-of rounds of each op timing",
+               out=Path("benchmarks/results/lifelong_icl"))  # fmt: skip
+    p.add_argument("--tasks", type=int, default=25, help="tasks per stream (>= 21 for lag 20)")
+    p.add_argument("--items", type=int, default=8, help="AssociativeRecall associations per task")
+    p.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
+    p.add_argument("--pmnist-train", type=int, default=2_000, help="Permuted-MNIST training images per task")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--recall-train", type=int, default=256, help="AssociativeRecall training examples per task")
+    p.add_argument("--recall-queries", type=int, default=128, help="AssociativeRecall held-out queries per task")
+    p.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
+    p.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    p.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
+    p.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops", "ablation", "capacity", "encoder"])
+    bench = start("lifelong_icl", p, argv)
+    args = bench.args
     if args.quick:
         args.tasks, args.seeds, args.pmnist_train, args.tokens = 21, 1, 500, 256
     if args.small:  # lag 5 reached, lag 20 not
         args.tasks, args.items, args.input_dim, args.seeds, args.pmnist_train = 6, 4, 32, 1, 100
         args.recall_train, args.recall_queries, args.tokens, args.chunk_sizes = 32, 32, 32, [8, 16, 32]
-    args.out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    hidden = [128]
 
     def recall_stream(seed: int, items: int | None = None) -> AssociativeRecall:
         return AssociativeRecall(
@@ -780,29 +824,19 @@ def main(argv: list[str] | None = None) -> None:
             seed=seed,
         )
 
-    result: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}}
-    card = run_scorecard(args, hidden, recall_stream) if "scorecard" not in args.skip else {}
-    ops = op_throughput(args.tokens, args.chunk_sizes, repeats=2) if "ops" not in args.skip else {}
-    for name, row in ops.items():
-        print(f"op {name:<18} recurrent {row['recurrent']:>10,.0f} tok/s  chunked(16) {row['chunked_at_16']:>10,.0f}")
-    rows = run_ablation(args, hidden, recall_stream) if "ablation" not in args.skip else []
-    capacity = run_capacity(args, hidden, recall_stream) if "capacity" not in args.skip else []
-    encoder = run_encoder_study(args) if "encoder" not in args.skip else []
-    result.update({"scorecard": card, "ops": ops, "ablation": rows, "capacity": capacity, "encoder": encoder})
+    parts, seconds = run_parts(args, [128], recall_stream)
+    card, ops = parts.get("scorecard", {}), parts.get("ops", {})
+    rows, capacity, encoder = (parts.get(part, []) for part in ("ablation", "capacity", "encoder"))
+    result = {"scorecard": card, "ops": ops, "ablation": rows, "capacity": capacity, "encoder": encoder}
     result["seconds"] = time.perf_counter() - started
-    (args.out / "scorecard.json").write_text(json.dumps(result, indent=1, default=str))
-    if card:
-        figure_recall(card, dict.fromkeys(card, 1 / 10), args.out / "property1_live_recall.png")
-        figure_cost(card, args.out / "property2_cost_per_token.png")
-        figure_memory(card, args.out / "property4_memory.png")
-    if ops:
-        figure_parallel(ops, args.out / "property3_chunked_vs_recurrent.png")
-    if rows:
-        figure_ablation(rows, 0.1, args.out / "ablation.png")
+    saved = {"args": {k: str(v) for k, v in vars(args).items()}, **result}
+    (args.out / "scorecard.json").write_text(json.dumps(saved, indent=1, default=str))
+    write_figures(card, ops, rows, args.out)
     tables = tables_markdown(card, ops, rows, capacity, encoder)
     (args.out / "tables.md").write_text(tables)
-    print(tables)
-    print(f"\ntotal {result['seconds'] / 60:.1f} min; results in {args.out}")
+    notes = [tables, f"total {result['seconds'] / 60:.1f} min; results in {args.out}"]
+    overview = [[part, s] for part, s in seconds.items()]
+    return bench.finish({**result, "part_seconds": seconds}, ["part", "seconds"], overview, notes)
 
 
 if __name__ == "__main__":

@@ -18,30 +18,27 @@ Learners: the delta rule (d_k 128) and its Q1 levers at the same 5,120 state byt
 weight decay (Titans' retention gate, momentum 0.01, d_k 64), 4 heads x d_k 32 — and the Hebbian pair, linear
 attention and its decayed form, where forgetting is the only way to replace a value. Mean ± std over seeds.
 
-Usage: ``OMP_NUM_THREADS=1 python benchmarks/lifelong_reuse.py [--small] [--repeats 5] [--out DIR]``.
+    OMP_NUM_THREADS=1 python -m benchmarks.lifelong_reuse [--small] [--repeats 5] [--out DIR]
+
+writes ``reuse.json``, ``reuse.md`` and the harness's ``lifelong_reuse.json`` / ``.md`` under ``--out`` (default
+docs/results/lifelong_icl).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
-import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # run as a script: the repository root, for `benchmarks.lifelong_icl`
-    sys.path.insert(0, str(ROOT))
-
-from benchmarks import lifelong_icl as icl  # noqa: E402
-from cl_lightning.data import AssociativeRecall  # noqa: E402
+from benchmarks import lifelong_icl as icl
+from benchmarks.harness import parser
+from cl_lightning.data import AssociativeRecall
 
 METRICS = ("forward", "revised", "stale", "return_first", "return_last")
+COLUMNS = ["stream", "lever", "forward", "revised keys", "stale answers", "return recall, first", "last"]
 
 
 def lever_specs(hidden: list[int]) -> list[tuple[str, Any]]:
@@ -99,14 +96,8 @@ def run(spec: Any, stream: AssociativeRecall, seed: int) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> dict:
     """Every lever on every reuse stream over ``--repeats`` seeds; JSON and a Markdown table under ``--out``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("docs/results/lifelong_icl"))
-    parser.add_argument("--repeats", type=int, default=5, help="seeds")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--small", action="store_true", help="toy sizes, seconds (the smoke test)")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    warnings.filterwarnings("ignore", message=".*self.(trainer|log).*")
+    bench = icl.start("lifelong_reuse", parser(__doc__, repeats=5, repeats_help="seeds", out=icl.RESULTS), argv)
+    args = bench.args
     tasks, dim, train, hidden = 25, 128, 256, [128]
     if args.small:
         tasks, dim, train, hidden, args.repeats = 8, 32, 64, [32], 1
@@ -130,16 +121,12 @@ def main(argv: list[str] | None = None) -> dict:
                 row[f"{m}_std"] = statistics.pstdev(finite) if len(finite) > 1 else 0.0
             rows.append(row)
             print(f"{stream_name:<14}{label:<44}" + " ".join(f"{m} {row[m]:.3f}" for m in METRICS), flush=True)
-    head = "| stream | lever | forward | revised keys | stale answers | return recall, first | last |"
     cells = [[r["stream"], r["lever"], *(_cell(r[m], r[f"{m}_std"]) for m in METRICS)] for r in rows]
-    table = "\n".join(icl.markdown_table(head, "llrrrrr", cells))
-    args.out.mkdir(parents=True, exist_ok=True)
+    table = "\n".join(icl.markdown_table(COLUMNS, "llrrrrr", cells))
     result = {"rows": rows, "seconds": time.perf_counter() - started, "repeats": args.repeats}
     (args.out / "reuse.json").write_text(json.dumps(result, indent=1))
     (args.out / "reuse.md").write_text(table + "\n")
-    print(table)
-    print(f"total {result['seconds'] / 60:.1f} min")
-    return result
+    return bench.finish(result, COLUMNS, cells, [f"total {result['seconds'] / 60:.1f} min; results in {args.out}"])
 
 
 if __name__ == "__main__":
