@@ -71,13 +71,17 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def departures(paper: dict[str, Any], trials: Sequence[dict[str, Any]]) -> list[Departure]:
-    """The keys where any trial's resolved config differs from the paper config's, sorted by key."""
+    """The keys where any trial's resolved config differs from the paper config's, sorted by key.
+
+    A key that a trial's saved config does not hold (an option added to the package after the trial ran) is not
+    compared for that trial: its run had no such setting to differ in.
+    """
     base, runs = flatten(paper), [flatten(t) for t in trials]
     found = []
     for key in sorted(set(base).union(*runs)):
         if key in IGNORED or key.rsplit(".", 1)[-1] == "seed":
             continue
-        ours = [run.get(key) for run in runs]
+        ours = [run[key] for run in runs if key in run]
         if any(v != base.get(key) for v in ours):
             distinct = tuple(v for i, v in enumerate(ours) if v not in ours[:i])
             found.append(Departure(key, base.get(key), distinct))
@@ -166,7 +170,8 @@ def write_departures(
         "Every resolved config value in which this suite's trials (their saved `config.yaml`) differ from the paper "
         "config of their experiment, resolved as `fit` resolves it from the current checkout. Not compared: "
         f"{', '.join(f'`{k}`' for k in sorted(IGNORED))} and every `seed` (where and how a trial ran, not what it "
-        "ran). Keys are written without `init_args`, as the command line takes them.",
+        "ran), nor a key a trial's config does not hold (an option added after it ran). Keys are written without "
+        "`init_args`, as the command line takes them.",
     ]
     for name, deps in found.items():
         files = ", ".join(f"`{f}`" for f in papers.get(name, [])) or "unknown"

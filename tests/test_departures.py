@@ -41,6 +41,14 @@ def test_departures_skip_bookkeeping_and_list_each_value_once() -> None:
     assert departures_text(departures(paper, [paper])) == "none"
     # a key the paper config lacks (here: a list the trial adds) is listed against null
     assert str(departures({}, [{"data": {"backward_lag": [1, 2]}}])[0]) == "data.backward_lag null → [1, 2]"
+    # a key a trial's config does not hold (an option added after it ran) is not compared for that trial
+    newer = {"data": {"steps_per_batch": 1, "eval_queries": 2000}}
+    older = {"data": {"eval_queries": 200}}
+    assert departures(newer, [older]) == [Departure("data.eval_queries", 2000, (200,))]
+    assert departures(newer, [older, {"data": {"steps_per_batch": 100, "eval_queries": 2000}}]) == [
+        Departure("data.eval_queries", 2000, (200, 2000)),
+        Departure("data.steps_per_batch", 1, (100,)),
+    ]
 
 
 def _suite_folder(tmp_path: Path, spec: dict) -> Path:
