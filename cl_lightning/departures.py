@@ -27,6 +27,8 @@ IGNORED = frozenset(
         "trainer.logger.name",
         "trainer.logger.version",
         "trainer.enable_progress_bar",
+        "trainer.accelerator",  # the hardware; what it computes in (trainer.precision) is compared
+        "trainer.devices",
         "trainer.max_epochs",  # filled in from data.stream.num_tasks, which is compared
         "ckpt_path",
         "weights_only",

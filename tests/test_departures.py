@@ -128,3 +128,35 @@ def test_the_paper_suite_departs_only_in_length_and_scored_queries(monkeypatch: 
         assert (found[0].paper, found[0].ours, found[1].paper) == (2000, (200,), 7505)
         lengths[trial.name] = found[1].ours[0]
     assert lengths == {"qoa_v1": 1005, "knn": 1005, "bp": 505, "cbp": 505, "qoa_v2": 1005, "full_attention": 1005}
+
+
+@pytest.mark.slow  # resolves 13 configs through the CLI: ~75 s on one core
+@pytest.mark.parametrize(
+    ("suite_name", "expected"),
+    [
+        ("scr_paper", {}),
+        (
+            "pmnist_paper",
+            {"trainer.precision": (None, "bf16-mixed")},
+        ),
+    ],
+)
+def test_the_paper_size_suites_run_the_warmup_and_depart_only_where_declared(
+    monkeypatch: pytest.MonkeyPatch, suite_name: str, expected: dict[str, tuple[object, object]]
+) -> None:
+    """The paper-size suites run the authors' 5 warm-up tasks (their paper config is their own config list): the
+    SCR suite departs in nothing, the Permuted-MNIST one in the GPU's precision only (and MAML in its 75 tasks)."""
+    monkeypatch.chdir(ROOT)
+    suite = load_suite(CONFIGS / "suites" / f"{suite_name}.yaml")
+    for trial in suite.trials:
+        if trial.seed != suite.trials[0].seed:
+            continue
+        ours = resolved_config([], trial.fit_args("logs")[1:])
+        assert ours["data"]["stream"]["init_args"]["warmup_tasks"] == 5, trial.name
+        found = {
+            d.key: (d.paper, d.ours[0]) for d in departures(resolved_config(suite.paper_configs[trial.name]), [ours])
+        }
+        want = dict(expected)
+        if trial.name == "maml" and suite_name == "pmnist_paper":
+            want["data.stream.num_tasks"] = (7505, 80)
+        assert found == want, trial.name
