@@ -70,11 +70,11 @@ def buffer_spec(name: str, budget: int, hidden: list[int]) -> icl.Spec:
         n = buffer_rows(stream, budget)
         queries = max(1, min(QOA_QUERIES, n // 2))  # a step's queries, drawn from the buffer (the rest: support)
         if kind == "knn":
-            return KNN(stream.input_shape, stream.num_outputs, memory_size=n, buffer_mode=mode, support_size=n, k=1,
-                       online_queries=0)  # fmt: skip
+            return KNN(input_shape=stream.input_shape, num_outputs=stream.num_outputs, memory_size=n, buffer_mode=mode,
+                       support_size=n, k=1, online_queries=0)  # fmt: skip
         return QueryOnlyAttention(
-            stream.input_shape,
-            stream.num_outputs,
+            input_shape=stream.input_shape,
+            num_outputs=stream.num_outputs,
             memory_size=n,
             buffer_mode=mode,
             support_size=n - queries,

@@ -40,8 +40,8 @@ def spec(label: str, hidden: list[int], lr: float) -> icl.Spec:
     routes, key_dim = SETTINGS[label]
 
     def make(stream: TaskStream) -> ContinualLearner:
-        return StableKeyMemory(stream.input_shape, stream.num_outputs, hidden_sizes=hidden, routes=routes,
-                               key_dim=key_dim)  # fmt: skip
+        return StableKeyMemory(input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=hidden,
+                               routes=routes, key_dim=key_dim)  # fmt: skip
 
     return icl.Spec(label, make, lr=lr)
 

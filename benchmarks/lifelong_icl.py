@@ -88,8 +88,8 @@ def nonparametric_specs(hidden: list[int]) -> list[Spec]:
     def qoa(stream: TaskStream) -> ContinualLearner:
         n = matched_buffer(stream)
         return QueryOnlyAttention(
-            stream.input_shape,
-            stream.num_outputs,
+            input_shape=stream.input_shape,
+            num_outputs=stream.num_outputs,
             memory_size=n,
             support_size=n - 1,
             sampler="uniform",
@@ -101,16 +101,29 @@ def nonparametric_specs(hidden: list[int]) -> list[Spec]:
     def full(stream: TaskStream) -> ContinualLearner:
         n = matched_buffer(stream)
         return FullAttention(
-            stream.input_shape, stream.num_outputs, memory_size=n, support_size=n - 1, admit_last=None, num_layers=2
+            input_shape=stream.input_shape,
+            num_outputs=stream.num_outputs,
+            memory_size=n,
+            support_size=n - 1,
+            admit_last=None,
+            num_layers=2,
+        )
+
+    def knn_of(stream: TaskStream, n: int) -> ContinualLearner:  # 1-NN over a FIFO buffer of n examples
+        return KNN(
+            input_shape=stream.input_shape,
+            num_outputs=stream.num_outputs,
+            memory_size=n,
+            support_size=n,
+            k=1,
+            online_queries=0,
         )
 
     def knn(stream: TaskStream) -> ContinualLearner:
-        n = matched_buffer(stream)
-        return KNN(stream.input_shape, stream.num_outputs, memory_size=n, support_size=n, k=1, online_queries=0)
+        return knn_of(stream, matched_buffer(stream))
 
     def knn_all(stream: TaskStream) -> ContinualLearner:
-        n = stream.num_tasks * stream.train_size
-        return KNN(stream.input_shape, stream.num_outputs, memory_size=n, support_size=n, k=1, online_queries=0)
+        return knn_of(stream, stream.num_tasks * stream.train_size)
 
     return [
         Spec("qoa", qoa, lr=1e-3),

@@ -14,6 +14,11 @@ Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails l
 - ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
 - ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state) and
   ``batch_progress.total.completed`` (training steps run by this process).
+
+One use lives outside this module: ``learners/base.py`` (chunked stepping, which may import nothing above
+``learners/``) reads the automatic loop's ``automatic_optimization.optim_progress.optimizer_steps`` and adds to the
+manual loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``):
+:func:`missing_internals` checks those too.
 """
 
 from __future__ import annotations
@@ -124,4 +129,27 @@ def missing_internals() -> list[str]:
         problems.append("_TrainingEpochLoop._batches_that_stepped (and its state_dict key) is gone")
     if "self.batch_progress" not in loop:
         problems.append("_TrainingEpochLoop.batch_progress is gone")
+    return problems + _missing_step_counters(loop)
+
+
+def _missing_step_counters(loop: str) -> list[str]:
+    """The optimiser-step counters ``learners/base.py`` reads and advances (``global_step`` under chunked stepping)."""
+    from lightning.pytorch.loops.optimization.automatic import _AutomaticOptimization
+    from lightning.pytorch.loops.optimization.manual import _ManualOptimization
+    from lightning.pytorch.loops.progress import _OptimizationProgress, _Progress, _ReadyCompletedTracker
+
+    problems = []
+    for name in ("automatic_optimization = _AutomaticOptimization(", "manual_optimization = _ManualOptimization("):
+        if f"self.{name}" not in loop:
+            problems.append(f"_TrainingEpochLoop no longer sets self.{name}...)")
+    if "self.optim_progress" not in _source(_AutomaticOptimization) or not hasattr(
+        _OptimizationProgress, "optimizer_steps"
+    ):
+        problems.append("_AutomaticOptimization.optim_progress.optimizer_steps is gone")
+    manual = _source(_ManualOptimization)
+    fields = set(getattr(_Progress, "__dataclass_fields__", {})) | set(
+        getattr(_ReadyCompletedTracker, "__dataclass_fields__", {})
+    )
+    if "self.optim_step_progress" not in manual or not {"total", "current", "ready", "completed"} <= fields:
+        problems.append("_ManualOptimization.optim_step_progress (total/current, ready/completed) is gone")
     return problems

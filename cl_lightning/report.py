@@ -71,17 +71,19 @@ def unreadable_events(log_dir: str | Path) -> list[str]:
     return bad
 
 
-def per_task(scalars: dict[str, dict[int, float]], num_tasks: int, warmup_tasks: int = 0) -> dict[str, np.ndarray]:
-    """``{tag: (num_tasks,) array}``: each value at the evaluated task (Lightning's ``epoch`` scalar at the same step,
-    minus ``warmup_tasks``) it was logged for, NaN where a tag was not logged (backward before task ``lag``, Hessian
-    between measurements); values of warm-up epochs are dropped."""
+def per_task(
+    scalars: dict[str, dict[int, float]], num_evaluated_tasks: int, warmup_tasks: int = 0
+) -> dict[str, np.ndarray]:
+    """``{tag: (num_evaluated_tasks,) array}``: each value at the evaluated task (Lightning's ``epoch`` scalar at
+    the same step, minus ``warmup_tasks``) it was logged for, NaN where a tag was not logged (backward before task
+    ``lag``, Hessian between measurements); values of warm-up epochs are dropped."""
     task_of = {step: int(v) - warmup_tasks for step, v in scalars.get("epoch", {}).items()}
     out = {}
     for tag, series in scalars.items():
-        values = np.full(num_tasks, np.nan)
+        values = np.full(num_evaluated_tasks, np.nan)
         for step, v in series.items():
             task = task_of.get(step)
-            if task is not None and 0 <= task < num_tasks:
+            if task is not None and 0 <= task < num_evaluated_tasks:
                 values[task] = v
         out[tag] = values
     return out
@@ -110,7 +112,7 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
             scalars = read_scalars(d)
             logged = max(scalars.get("epoch", {0: 0}).values()) + 1
             warmup = int(config.get("data", {}).get("stream", {}).get("init_args", {}).get("warmup_tasks") or 0)
-            num_tasks = int(config.get("trainer", {}).get("max_epochs") or logged) - warmup
+            evaluated = int(config.get("trainer", {}).get("max_epochs") or logged) - warmup
             if exp is None:
                 logged_acc = metric_key(EvalSlot("forward"), "acc") in scalars or online_key("acc") in scalars
                 metric = "acc" if logged_acc else "mse"
@@ -118,11 +120,11 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
                 label = (meta.get("labels") or {}).get(name, name)
                 published = (meta.get("published") or {}).get(name)
                 exp = Experiment(
-                    name, label, num_tasks, metric, stream=stream or None, published=published, warmup_tasks=warmup
+                    name, label, evaluated, metric, stream=stream or None, published=published, warmup_tasks=warmup
                 )
                 exp.backward_lag = config.get("data", {}).get("backward_lag")
             record = json.loads((d / "trial.json").read_text()) if (d / "trial.json").exists() else {}
-            exp.add(seed, per_task(scalars, exp.num_tasks, warmup), record)
+            exp.add(seed, per_task(scalars, exp.num_evaluated_tasks, warmup), record)
         experiments.append(exp)
     return experiments, meta
 
@@ -192,11 +194,11 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
     paper, rows = published_numbers(), []
     for exp in experiments:
         entry, m = paper_entry(exp, meta, paper), exp.metric
-        final = max(exp.window, min(exp.num_tasks, 5))
+        final = max(exp.window, min(exp.num_evaluated_tasks, 5))
         row: dict[str, Any] = {"experiment": exp.name, "label": exp.label, "seeds": len(exp.seeds)}
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
         unfinished = int((~done).sum())
-        row |= {"unfinished": unfinished, "tasks": exp.num_tasks, "final_window": final}
+        row |= {"unfinished": unfinished, "tasks": exp.num_evaluated_tasks, "final_window": final}
         tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), online_key(m))
         for what, tag in zip(SCALARS, tags, strict=True):
             mean, std, _ = final_window(exp.rows(tag), final)
@@ -207,7 +209,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         walls = [sum(a["wall_seconds"] for a in r["attempts"]) for r in exp.records if r.get("status") == "finished"]
         peaks = [max(a["peak_rss_bytes"] for a in r["attempts"]) for r in exp.records if r.get("attempts")]
         train = exp.rows("cost/task_seconds")
-        stream_tasks = exp.num_tasks + exp.warmup_tasks  # a warm-up task costs its training time too
+        stream_tasks = exp.num_evaluated_tasks + exp.warmup_tasks  # a warm-up task costs its training time too
         row["seconds_per_task"] = float(np.mean(walls)) / stream_tasks if walls else math.nan
         row["train_seconds_per_task"] = float(np.nanmean(train)) if not np.isnan(train).all() else math.nan
         row["seconds_per_task_paper"] = paper_seconds(entry.get("wall_clock"))
@@ -262,7 +264,7 @@ def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindow
             rows = exp.rows(metric_key(EvalSlot(role), exp.metric))
             for w, value in zip(windows.at, windows.scores.get(role) or [], strict=False):
                 stop = (w + 1) * windows.window
-                done = ~np.isnan(rows[:, stop - 1]) if stop <= exp.num_tasks else np.zeros(len(rows), bool)
+                done = ~np.isnan(rows[:, stop - 1]) if stop <= exp.num_evaluated_tasks else np.zeros(len(rows), bool)
                 if not done.any():
                     break
                 mean, _, n = final_window(rows[done, :stop], windows.window)

@@ -72,8 +72,8 @@ def _empty_reason(experiments: Sequence[Experiment], role: str | None) -> str:
     """Why a panel has no curve: the backward lag reaches past every run's tasks, or the score was not logged."""
     lags = [e.backward_lag for e in experiments if e.backward_lag is not None]
     first = min((lag if isinstance(lag, int) else min(lag)) for lag in lags) if lags else None
-    if role == "backward" and first is not None and max(e.num_tasks for e in experiments) <= first:
-        most = max(e.num_tasks for e in experiments)
+    if role == "backward" and first is not None and max(e.num_evaluated_tasks for e in experiments) <= first:
+        most = max(e.num_evaluated_tasks for e in experiments)
         return f"no backward score yet: {most} evaluated task{'s' * (most > 1)}, and task t − {first} needs more"
     return "not logged by any run"
 
@@ -107,7 +107,7 @@ def curves_figure(
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     colours, paper = _colours(experiments), paper or {}
     metrics = {exp.metric for exp in experiments}
-    xmax = max(exp.num_tasks for exp in experiments) - 0.5
+    xmax = max(exp.num_evaluated_tasks for exp in experiments) - 0.5
     lags = {str(e.backward_lag) for e in experiments if e.backward_lag is not None}
     lag = next(e.backward_lag for e in experiments if e.backward_lag is not None) if len(lags) == 1 else None
     roles = []
@@ -174,7 +174,7 @@ def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
     raw.set_title("Hessian effective rank (last layer)")
     norm.set_title("min–max normalised per seed (the paper's Figure 4)")
     for ax in (raw, norm):
-        ax.set_xlim(-0.5, max(exp.num_tasks for exp in experiments) - 0.5)
+        ax.set_xlim(-0.5, max(exp.num_evaluated_tasks for exp in experiments) - 0.5)
         ax.set_xlabel("evaluated task")
         ax.grid(alpha=0.3)
     raw.legend(fontsize=7, loc="best")

@@ -24,7 +24,7 @@ class Experiment:
 
     name: str
     label: str
-    num_tasks: int
+    num_evaluated_tasks: int
     metric: str
     seeds: list[int] = field(default_factory=list)
     curves: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -36,7 +36,7 @@ class Experiment:
 
     def rows(self, tag: str) -> np.ndarray:
         """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
-        empty = np.full(self.num_tasks, np.nan)
+        empty = np.full(self.num_evaluated_tasks, np.nan)
         return np.stack([c if c is not None else empty for c in self.curves.get(tag, [None] * len(self.seeds))])
 
     def add(self, seed: int, curves: dict[str, np.ndarray], record: dict[str, Any]) -> None:
@@ -49,7 +49,7 @@ class Experiment:
     @property
     def window(self) -> int:
         """The plots' window: ``T // 80`` tasks (about the paper's 75–100 points), at least one."""
-        return max(1, self.num_tasks // 80)
+        return max(1, self.num_evaluated_tasks // 80)
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,7 @@ from helpers import CBP, assert_checkpoint_round_trip, assert_resume_equals_unin
 from cl_lightning.learners import ContinualBackprop
 from cl_lightning.nn import AdamGnT
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: a second intra-op thread only adds contention on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # replacement 0.05 × 32 units and maturity 5: a 48-step tiny run replaces dozens of units

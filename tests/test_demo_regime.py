@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import CONFIGS
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -57,17 +56,8 @@ def _last_means(config: str, overlays: list[str], tmp_path: Path) -> tuple[float
     return sum(fwd) / LAST, sum(bwd) / LAST
 
 
-@pytest.fixture
-def _one_thread():
-    """One thread: on a shared machine two OpenMP threads wait on each other (measured: 2 tasks in 5 minutes)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.slow
-@pytest.mark.usefixtures("_one_thread")
+@pytest.mark.usefixtures("one_thread")
 def test_qoa_keeps_what_it_learned_while_backprop_forgets(tmp_path: Path) -> None:
     qoa_fwd, qoa_bwd = _last_means("qoa_pmnist.yaml", ["quick_demo.yaml", "quick_qoa.yaml"], tmp_path / "qoa")
     bp_fwd, bp_bwd = _last_means("bp_pmnist.yaml", ["quick_demo.yaml"], tmp_path / "bp")

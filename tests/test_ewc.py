@@ -11,14 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from cl_lightning.learners import EWC
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny tensors: a second intra-op thread only adds contention on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 EWC_TINY = EWC_ARGS

@@ -10,14 +10,7 @@ from torch import nn
 from cl_lightning.nn import AdamGnT, GenerateAndTest
 from cl_lightning.nn.gnt import adaptable_contribution, contribution
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Hundreds of tiny ops: a second intra-op thread only adds contention on a shared 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------- AdamGnT

@@ -56,3 +56,14 @@ def test_no_other_module_touches_them() -> None:
         names = {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
         names |= {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.FunctionDef)}
         assert not names & PRIVATE, f"{path.relative_to(ROOT)} uses {sorted(names & PRIVATE)}"
+
+
+def test_the_loop_counters_are_used_in_the_adapter_and_base_py_only() -> None:
+    """``trainer.fit_loop`` is reached only in the adapter and in ``learners/base.py``'s chunked stepping, whose
+    counters :func:`missing_internals` checks (a new use elsewhere must go through the adapter)."""
+    users = sorted(
+        str(path.relative_to(ROOT))
+        for path in (ROOT / "cl_lightning").rglob("*.py")
+        if "fit_loop" in {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
+    )
+    assert users == ["cl_lightning/learners/base.py", "cl_lightning/lightning_compat.py"]

@@ -13,20 +13,20 @@ from cl_lightning.memory.support_sampler import pseudo_task_sample
 TINY = MAML
 
 
+TINY_MODEL = {  # 3 inputs, 2 classes, an MLP of width 4, a 40-example buffer of 2 pseudo-tasks of 5 + 4
+    "input_shape": (3,),
+    "num_outputs": 2,
+    "hidden_sizes": [4],
+    "memory_size": 40,
+    "num_pseudo_tasks": 2,
+    "support_size": 5,
+    "query_size": 4,
+}
+
+
 def _tiny_model(inner_steps: int = 2, first_order: bool = False) -> MAMLReplay:
     torch.manual_seed(0)
-    return MAMLReplay(
-        input_shape=(3,),
-        num_outputs=2,
-        hidden_sizes=[4],
-        memory_size=40,
-        num_pseudo_tasks=2,
-        support_size=5,
-        query_size=4,
-        inner_steps=inner_steps,
-        inner_lr=0.1,
-        first_order=first_order,
-    ).double()
+    return MAMLReplay(**TINY_MODEL, inner_steps=inner_steps, inner_lr=0.1, first_order=first_order).double()
 
 
 def _hand_unrolled(model: MAMLReplay, sx, sy, qx, qy, first_order: bool):
@@ -90,17 +90,7 @@ def test_pseudo_tasks_are_contiguous_slices_of_equal_regions() -> None:
 
 
 def test_admission_probability_and_one_update_per_admitted_example() -> None:
-    model = MAMLReplay(
-        input_shape=(3,),
-        num_outputs=2,
-        hidden_sizes=[4],
-        memory_size=40,
-        num_pseudo_tasks=2,
-        support_size=5,
-        query_size=4,
-        admission_prob=0.1,
-        online_queries=0,
-    )
+    model = MAMLReplay(**TINY_MODEL, admission_prob=0.1, online_queries=0)
     calls = []
     model._maybe_update = lambda gen: calls.append(len(model.buffer))
     batch = (torch.randn(4000, 3), torch.randint(0, 2, (4000,)), torch.zeros(4000, dtype=torch.long))

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import torch
@@ -11,17 +12,7 @@ from cl_lightning.learners import ParametricAttention
 from cl_lightning.learners.parametric_attention import Encoded
 from cl_lightning.ops import chunk_delta_rule
 
-RULES = [
-    "linear_attn",
-    "decay",
-    "delta_rule",
-    "gated_delta_rule",
-    "longhorn",
-    "omega",
-    "titans",
-    "ttt_linear",
-    "ttt_mlp",
-]
+RULES = list(get_args(pa.RuleName))  # every rule the learner accepts
 # the rules whose gradients are taken per mini-batch or window: one call per example matches one call per chunk only
 # with mini-batches / windows of one token (the ops tests check the chunked forms against their references)
 ONE_TOKEN = {"window": 1, "mini_batch_size": 1}

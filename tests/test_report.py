@@ -61,7 +61,7 @@ def test_per_task_maps_steps_through_the_epoch_scalar_and_a_resume_overwrites(tm
     _write(d, {"eval/forward_acc": {0: 0.1, 1: 0.2, 2: 0.3}, "hessian/eff_rank": {0: 5.0}}, order=0)
     # a resumed run redoes tasks 2 and 3 (after the task-1 checkpoint): its values win
     _write(d, {"eval/forward_acc": {2: 0.35, 3: 0.4}}, order=1)
-    curves = per_task(read_scalars(d), num_tasks=5)
+    curves = per_task(read_scalars(d), num_evaluated_tasks=5)
     np.testing.assert_allclose(curves["eval/forward_acc"], [0.1, 0.2, 0.35, 0.4, np.nan], rtol=1e-6)
     np.testing.assert_allclose(curves["hessian/eff_rank"], [5.0, np.nan, np.nan, np.nan, np.nan])
     np.testing.assert_array_equal(curves["epoch"], [0, 1, 2, 3, np.nan])
@@ -172,7 +172,7 @@ def test_a_warmup_trial_is_read_from_its_first_evaluated_task(tmp_path: Path) ->
     attempt = {"wall_seconds": 50.0, "peak_rss_bytes": 2**30}
     _trial(suite, "bp", 0, 5, values, warmup=2, status="finished", attempts=[attempt])
     (exp,), meta = load_suite_runs(suite)
-    assert (exp.num_tasks, exp.warmup_tasks) == (3, 2)
+    assert (exp.num_evaluated_tasks, exp.warmup_tasks) == (3, 2)
     np.testing.assert_allclose(exp.rows("eval/forward_acc"), [[0.4, 0.5, 0.6]], rtol=1e-6)
     np.testing.assert_allclose(exp.rows("train/online_acc"), [[0.3, 0.4, 0.5]], rtol=1e-6)
     (row,) = table_rows([exp], meta)

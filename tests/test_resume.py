@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import BACKPROP, QOA, ROOT, tiny_args
+from helpers import BACKPROP, CBP, EWC, FULL_ATTENTION, KNN, MAML, PARAMETRIC, QOA, ROOT, tiny_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from cl_lightning.checkpointing import AtomicCheckpointIO, hparam_differences, read_checkpoint
@@ -206,51 +206,20 @@ def assert_kills_then_resume_equal_uninterrupted(tmp_path: Path, learner: list[s
     assert _scalars(run) == expected
 
 
+def _default_optimizer(learner: list[str]) -> list[str]:
+    """A learner's test arguments less its optimiser and inner-loop settings (its own defaults then apply)."""
+    return [a for a in learner if not a.startswith(("--model.optimizer", "--model.inner_lr"))]
+
+
 KILL_LEARNERS = {
     "backprop": BACKPROP,
     "qoa": QOA,
-    "cbp": [
-        "--model=cl_lightning.learners.ContinualBackprop",
-        "--model.hidden_sizes=[32, 32]",
-        "--model.replacement_rate=0.05",
-        "--model.maturity_threshold=5",
-        "--model.optimizer=cl_lightning.nn.AdamGnT",
-        "--model.optimizer.lr=0.01",
-    ],
-    "ewc": [
-        "--model=cl_lightning.learners.EWC",
-        "--model.hidden_sizes=[32, 32]",
-        "--model.ewc_lambda=100.0",
-        "--model.num_penalties=2",
-    ],
-    "knn": ["--model=cl_lightning.learners.KNN", "--model.memory_size=64", "--model.support_size=64", "--model.k=5"],
-    "full_attention": [
-        "--model=cl_lightning.learners.FullAttention",
-        "--model.memory_size=64",
-        "--model.support_size=48",
-        "--model.admit_last=null",
-        "--model.queries_per_step=16",
-        "--model.num_layers=2",
-    ],
-    "maml_replay": [
-        "--model=cl_lightning.learners.MAMLReplay",
-        "--model.hidden_sizes=[32]",
-        "--model.memory_size=64",
-        "--model.num_pseudo_tasks=2",
-        "--model.support_size=8",
-        "--model.query_size=8",
-        "--model.inner_steps=2",
-        "--model.admission_prob=1.0",
-        "--model.update_on=chunk",
-        "--trainer.inference_mode=false",
-        "--data.stream.chunk_size=32",
-    ],
-    "parametric_attention": [
-        "--model=cl_lightning.learners.ParametricAttention",
-        "--model.rule=gated_delta_rule",
-        "--model.hidden_sizes=[32]",
-        "--model.key_dim=16",
-    ],
+    "cbp": CBP,
+    "ewc": _default_optimizer(EWC),
+    "knn": KNN,
+    "full_attention": _default_optimizer(FULL_ATTENTION),
+    "maml_replay": _default_optimizer(MAML),
+    "parametric_attention": _default_optimizer(PARAMETRIC),
 }
 
 

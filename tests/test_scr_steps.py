@@ -4,7 +4,6 @@ uninterrupted one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +34,7 @@ SMALLER = {  # MAML's paper buffer would not fill in these short tasks: small ps
 CHUNKED = ["delta_rule_scr", "gated_delta_rule_scr"]  # chunks of 64 through a parallel form: one per batch
 
 
-@pytest.fixture(autouse=True)
-def _one_thread() -> Iterator[None]:
-    """One-point steps are latency-bound: one thread (two spin-wait on a loaded machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _args(config: str, root: Path, steps: int, tasks: int = 3, extra: list[str] | None = None) -> list[str]:

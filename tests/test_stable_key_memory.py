@@ -38,7 +38,9 @@ def _recall(tasks: int = 3) -> AssociativeRecall:
     ],
 )  # fmt: skip
 def test_context_bytes_are_constant_and_within_40_kb(stream, kwargs, nbytes):
-    learner = StableKeyMemory(stream.input_shape, stream.num_outputs, hidden_sizes=[16], **kwargs)
+    learner = StableKeyMemory(
+        input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=[16], **kwargs
+    )
     assert learner.context_memory_bytes() == nbytes <= 40 * 1024
     _train(learner, stream, 2)
     assert learner.context_memory_bytes() == nbytes
@@ -47,7 +49,7 @@ def test_context_bytes_are_constant_and_within_40_kb(stream, kwargs, nbytes):
 
 def test_keys_are_a_fixed_function_of_the_input_bit_for_bit():
     stream = _recall()
-    learner = StableKeyMemory((32,), 10, hidden_sizes=[16], routes=2, key_dim=64)
+    learner = StableKeyMemory(input_shape=(32,), num_outputs=10, hidden_sizes=[16], routes=2, key_dim=64)
     probe = stream.task(0).query_x
     keys, matrix = learner.features(probe).clone(), learner.key_matrix.clone()
     _train(learner, stream, 3)
@@ -59,7 +61,7 @@ def test_keys_are_a_fixed_function_of_the_input_bit_for_bit():
 
 def test_each_new_map_opens_the_next_state_and_writes_touch_only_its_state():
     stream = _recall(tasks=3)
-    learner = StableKeyMemory((32,), 10, hidden_sizes=[16], routes=4, key_dim=64)
+    learner = StableKeyMemory(input_shape=(32,), num_outputs=10, hidden_sizes=[16], routes=4, key_dim=64)
     _train(learner, stream, 1)
     assert int(learner.next_route) == 1
     assert learner.fast_state[1:].abs().sum() == 0  # states 1..3 untouched by task 0
@@ -77,11 +79,11 @@ def test_each_new_map_opens_the_next_state_and_writes_touch_only_its_state():
 
 def test_one_route_wraps_around_and_bad_arguments_raise():
     stream = _recall(tasks=3)
-    learner = StableKeyMemory((32,), 10, hidden_sizes=[16], routes=2, key_dim=16)
+    learner = StableKeyMemory(input_shape=(32,), num_outputs=10, hidden_sizes=[16], routes=2, key_dim=16)
     _train(learner, stream, 3)
     assert int(learner.next_route) == 1  # tasks 0, 1, 2 -> states 0, 1, 0
     with pytest.raises(ValueError, match="routes"):
-        StableKeyMemory((32,), 10, routes=0)
+        StableKeyMemory(input_shape=(32,), num_outputs=10, routes=0)
 
 
 SKM = ["--model=cl_lightning.learners.StableKeyMemory", "--model.routes=2", "--model.key_dim=64",

@@ -25,6 +25,7 @@ import urllib.request
 import zipfile
 from abc import abstractmethod
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,10 +42,12 @@ TINY_IMAGENET_FOLDER = "tiny-imagenet-200"
 class SplitImages(TaskStream):
     """The binary-pair split protocol over any labelled image source (subclasses provide the images).
 
+    The head of the split streams: they take these arguments through ``**kwargs`` (all keyword-only).
+
     Args:
-        num_tasks: Tasks in the stream.
-        train_size: Training images per task, half per class (Tiny ImageNet: 1,000).
-        query_size: Held-out queries per task, half per class (Tiny ImageNet: 100).
+        num_tasks: Tasks in the stream (paper figures, Split Tiny ImageNet: 9,000).
+        train_size: Training images per task, half per class (Tiny ImageNet: 1,000 = all 500 of each).
+        query_size: Held-out queries per task, half per class (Tiny ImageNet: 100 = all 50 of each).
         chunk_size: Images per training chunk (paper: 10).
         num_classes: Classes the pairs are drawn from (the first ``num_classes`` of the source).
         seed: Stream seed; task ``t`` depends on ``(seed, t)`` only.
@@ -54,7 +57,14 @@ class SplitImages(TaskStream):
     num_outputs = 2
 
     def __init__(
-        self, num_tasks: int, train_size: int, query_size: int, chunk_size: int, num_classes: int, seed: int = 0
+        self,
+        *,
+        num_tasks: int = 9_000,
+        train_size: int = 1_000,
+        query_size: int = 100,
+        chunk_size: int = 10,
+        num_classes: int,
+        seed: int = 0,
     ) -> None:
         super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
         if train_size < 2 or query_size < 2 or train_size % 2 or query_size % 2:
@@ -108,28 +118,17 @@ class SplitMNIST(SplitImages):
     """Split MNIST: pairs of distinct digits relabelled 0/1, the Split Tiny ImageNet protocol on shipped MNIST.
 
     Args:
-        num_tasks: Tasks in the stream (default as Split Tiny ImageNet: 9,000).
-        train_size: Training images per task, half per digit (default 1,000; at most 2 × 5,421, digit 5's count).
-        query_size: Held-out test-set images per task, half per digit (default 100; at most 2 × 892).
-        chunk_size: Images per training chunk (10).
         image_size: Side of the images (28 keeps the originals; other sizes use PIL-style bilinear resizing).
         num_classes: Digits the pairs are drawn from (10).
-        seed: Stream seed.
         data_root: Folder with the MNIST IDX files; ``None`` uses the copy shipped with the package.
+        **kwargs: :class:`SplitImages`'s, with its defaults (as Split Tiny ImageNet); ``train_size`` is at most
+            2 × 5,421 (digit 5's count), ``query_size`` (test-set images) at most 2 × 892.
     """
 
     def __init__(
-        self,
-        num_tasks: int = 9_000,
-        train_size: int = 1_000,
-        query_size: int = 100,
-        chunk_size: int = 10,
-        image_size: int = 28,
-        num_classes: int = 10,
-        seed: int = 0,
-        data_root: str | None = None,
+        self, *, image_size: int = 28, num_classes: int = 10, data_root: str | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(num_tasks, train_size, query_size, chunk_size, num_classes, seed)
+        super().__init__(num_classes=num_classes, **kwargs)
         if not 1 <= image_size <= 28 or num_classes > 10:
             raise ValueError(f"image_size must be in 1..28 and num_classes <= 10, got {image_size}, {num_classes}")
         self.image_size, self.data_root = image_size, data_root
@@ -222,30 +221,23 @@ class SplitTinyImageNet(SplitImages):
     so later runs skip the JPEG decoding (skipped silently when the folder is read-only).
 
     Args:
-        num_tasks: Tasks in the stream (paper figures: 9,000).
-        train_size: Training images per task, half per class (1,000 = all 500 of each).
-        query_size: Validation images per task, half per class (100 = all 50 of each).
-        chunk_size: Images per training chunk (10).
         image_size: Side of the resized images (32).
         num_classes: Classes the pairs are drawn from, in sorted-wnid order (199: the authors drop the last).
-        seed: Stream seed.
         data_root: The folder holding ``tiny-imagenet-200/`` (or that folder itself).
         download: Fetch and extract the official archive into ``data_root`` when the folder is missing.
+        **kwargs: :class:`SplitImages`'s (``query_size``: validation images), with its defaults, the paper's.
     """
 
     def __init__(
         self,
-        num_tasks: int = 9_000,
-        train_size: int = 1_000,
-        query_size: int = 100,
-        chunk_size: int = 10,
+        *,
         image_size: int = 32,
         num_classes: int = 199,
-        seed: int = 0,
         data_root: str = "data",
         download: bool = True,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(num_tasks, train_size, query_size, chunk_size, num_classes, seed)
+        super().__init__(num_classes=num_classes, **kwargs)
         if image_size < 1:
             raise ValueError(f"image_size must be positive, got {image_size}")
         self.image_size, self.data_root, self.download = image_size, data_root, download

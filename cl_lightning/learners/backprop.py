@@ -7,13 +7,12 @@ ReLU, Kaiming-uniform init (the code; the table says Xavier), Adam lr 1e-4, one 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
-from cl_lightning.learners.base import ContinualLearner, adam_1e4
+from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
 
@@ -21,34 +20,29 @@ from cl_lightning.nn.mlp import MLP, InitName
 class Backprop(ContinualLearner):
     """A network trained by gradient descent on the stream, one step per chunk; ignores the evaluation context.
 
+    The head of the MLP learners (EWC and Continual Backprop take these arguments through ``**kwargs``).
+
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
         hidden_sizes: Hidden widths of the MLP head (paper: [200, 200, 200, 200] on Permuted MNIST, [128, 128]
             after the CNN on Split Tiny ImageNet, [40] on slowly changing regression).
-        encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
         init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
-        optimizer: Optimiser factory (paper: Adam, lr 1e-4).
-        seed: Seed of the learner's own sampling (unused by Backprop itself).
+        encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
+        **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
+            (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
+        *,
         hidden_sizes: list[int] | None = None,
         init: InitName = "kaiming",
         encoder: Literal["flatten", "cnn"] = "flatten",
-        optimizer: OptimizerCallable = adam_1e4,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
         self.encoder, features = make_encoder(encoder, self.input_shape)
-        self.net = MLP(features, num_outputs, hidden, init=init)
+        self.net = MLP(features, self.num_outputs, hidden, init=init)
 
     def predict(self, x: Tensor) -> Tensor:
         """Logits (classification) or values (regression) of a batch of inputs."""

@@ -7,8 +7,9 @@ built) and what callbacks may call on it is :class:`cl_lightning.contract.Observ
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,10 @@ def adam_1e4(params: Any) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=1e-4)
 
 
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(cls.__init__).parameters)
+
+
 class ContinualLearner(LightningModule, ABC):
     """A learner on a task stream: one epoch is one task, one training batch is one chunk of the stream.
 
@@ -41,10 +46,17 @@ class ContinualLearner(LightningModule, ABC):
         task_type: ``"classification"`` or ``"regression"`` (linked from the data module).
         optimizer: Optimiser factory called on the parameters (default: Adam, lr 1e-4, as the paper).
         seed: Seed of the learner's own sampling (support sets); draws depend on ``(seed, step)`` only.
+
+    Every argument is keyword-only. A subclass takes its own arguments and passes the rest on through ``**kwargs``
+    (jsonargparse follows them, so they stay config keys); the hyperparameters are recorded here, once, for the
+    arguments :meth:`arguments` lists.
     """
+
+    fixed_arguments: ClassVar[tuple[str, ...]] = ()  # a parent's arguments the subclass sets itself (not config keys)
 
     def __init__(
         self,
+        *,
         input_shape: tuple[int, ...] = (49,),
         num_outputs: int = 10,
         task_type: TaskType = "classification",
@@ -64,6 +76,22 @@ class ContinualLearner(LightningModule, ABC):
         self._deferred: dict[str, tuple[list[Tensor], list[int]]] | None = None  # learn_steps' task-mean terms
         self._deferred_online: list[tuple[Tensor, Tensor]] = []  # learn_steps' online predictions and targets
         self._plain_steps = 0  # optimiser steps taken by plain_step in the running batch
+        # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
+        everything = {name for cls in type(self).__mro__ if "__init__" in vars(cls) for name in _parameters(cls)}
+        self.save_hyperparameters(ignore=sorted(everything - self.arguments()))
+
+    @classmethod
+    def arguments(cls) -> set[str]:
+        """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
+        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself."""
+        names: set[str] = set()
+        for owner in cls.__mro__:
+            if "__init__" in vars(owner):
+                params = _parameters(owner)
+                names |= {name for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+                if owner is ContinualLearner or all(p.kind is not p.VAR_KEYWORD for p in params.values()):
+                    break
+        return names - set(cls.fixed_arguments)
 
     @property
     def metric_name(self) -> str:

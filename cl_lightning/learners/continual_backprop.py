@@ -21,17 +21,16 @@ ranks' weights stay equal (tested in ``tests/test_ddp.py``).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
+from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.backprop import Backprop
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
-from cl_lightning.nn.mlp import InitName
 
 
 def adam_gnt_1e4(params: Any) -> AdamGnT:
@@ -43,12 +42,6 @@ class ContinualBackprop(Backprop):
     """Backprop whose weakest mature hidden units are re-initialised after every step.
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
-        hidden_sizes: Hidden widths of the MLP (paper PMNIST: [200, 200, 200, 200]).
-        init: Initial weights (paper code: Kaiming-uniform, zero biases).
-        encoder: ``"flatten"`` or ``"cnn"`` (generate-and-test acts on the MLP head only).
         replacement_rate: Fraction of eligible units replaced per step (paper PMNIST: 1e-4).
         maturity_threshold: Minimum age, in steps, before a unit may be replaced (100).
         decay_rate: η of the utility and mean-activation running averages (0.99).
@@ -59,17 +52,14 @@ class ContinualBackprop(Backprop):
             (default ``False``, faithful).
         optimizer: Optimiser factory: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (default, lr 1e-4) or
             ``torch.optim.SGD``.
-        seed: Seed of the redrawn weights; draws depend on ``(seed, step)`` only.
+        **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
+            [200, 200, 200, 200], Kaiming-uniform init; generate-and-test acts on the MLP head only) and ``seed``,
+            the seed of the redrawn weights (draws depend on ``(seed, step)`` only).
     """
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
-        hidden_sizes: list[int] | None = None,
-        init: InitName = "kaiming",
-        encoder: Literal["flatten", "cnn"] = "flatten",
+        *,
         replacement_rate: float = 1e-4,
         maturity_threshold: int = 100,
         decay_rate: float = 0.99,
@@ -78,10 +68,9 @@ class ContinualBackprop(Backprop):
         replacement_init: ReplacementInit = "kaiming",
         next_bias_correction: bool = False,
         optimizer: OptimizerCallable = adam_gnt_1e4,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, hidden_sizes, init, encoder, optimizer, seed)
-        self.save_hyperparameters()
+        super().__init__(optimizer=optimizer, **kwargs)
         widths = [layer.out_features for layer in self.net.layers[:-1]]
         self.gnt = GenerateAndTest(
             widths,

@@ -20,52 +20,31 @@ DDP: every rank computes the same Fisher from the whole task (every rank gets al
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Literal
+from typing import Any
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import EpisodeSource, StreamBatch, TaskType, require
+from cl_lightning.contract import EpisodeSource, StreamBatch, require
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.learners.base import adam_1e4
-from cl_lightning.nn.mlp import InitName
 
 
 class EWC(Backprop):
     """Backprop with quadratic penalties anchoring the weights of the last ``num_penalties`` tasks.
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
-        hidden_sizes: Hidden widths of the MLP head (paper, Split Tiny ImageNet: [128, 128] after the CNN).
-        init: Initial weights (paper code: Kaiming-uniform, zero biases).
-        encoder: ``"flatten"`` or ``"cnn"`` (paper: the shared CNN).
         ewc_lambda: λ of the penalty (paper: 1e5).
         num_penalties: K, the number of past tasks whose penalties are kept (paper: 5).
         fisher_samples: Training examples of the task the Fisher is computed from, the first ones in arrival
             order (``None``: all of them, as the paper).
-        optimizer: Optimiser factory (paper: Adam, lr 1e-4).
-        seed: Seed of the learner's own sampling (unused by EWC itself).
+        **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper, Split Tiny ImageNet: ``hidden_sizes``
+            [128, 128] after the CNN encoder, Kaiming-uniform init, Adam lr 1e-4; ``seed`` is unused by EWC).
     """
 
     def __init__(
-        self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
-        hidden_sizes: list[int] | None = None,
-        init: InitName = "kaiming",
-        encoder: Literal["flatten", "cnn"] = "flatten",
-        ewc_lambda: float = 1e5,
-        num_penalties: int = 5,
-        fisher_samples: int | None = None,
-        optimizer: OptimizerCallable = adam_1e4,
-        seed: int = 0,
+        self, *, ewc_lambda: float = 1e5, num_penalties: int = 5, fisher_samples: int | None = None, **kwargs: Any
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, hidden_sizes, init, encoder, optimizer, seed)
-        self.save_hyperparameters()
+        super().__init__(**kwargs)
         if ewc_lambda < 0 or num_penalties < 1 or (fisher_samples is not None and fisher_samples < 1):
             raise ValueError("ewc_lambda >= 0, num_penalties >= 1 and fisher_samples >= 1 (or null) are required")
         self.ewc_lambda, self.num_penalties, self.fisher_samples = ewc_lambda, num_penalties, fisher_samples

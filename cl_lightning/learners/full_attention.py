@@ -15,13 +15,13 @@ before it the supports, 10 layers of width 49 + 10 = 59, Adam lr 5e-4. Evaluatio
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.contract import StreamBatch
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.transformer import TinyTransformer
@@ -36,9 +36,6 @@ class FullAttention(ReplayLearner):
     """An in-context transformer over ``[x, label]`` tokens from a replay buffer.
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
         memory_size: FIFO buffer capacity (authors' code: 100 on PMNIST, 200 on Split Tiny ImageNet).
         support_size: Support tokens per query (PMNIST: 99; Split: 199 in the code, 180 in the paper).
         queries_per_step: Newest stored examples used as queries per step (authors' code: 1, the newest).
@@ -52,16 +49,16 @@ class FullAttention(ReplayLearner):
             ``"mask"``: all queries share one sequence and :func:`~cl_lightning.nn.transformer.support_mask` lets
             supports see supports only and each query the supports and itself (cheaper; a different model).
         encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN).
-        online_queries: Incoming examples per chunk predicted before learning, for the online metric.
         optimizer: Optimiser factory (PMNIST: Adam, lr 5e-4; Split and SCR: 1e-4).
-        seed: Seed of the learner's own randomness (unused: its sampling is deterministic).
+        **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s but ``buffer_mode`` (always FIFO):
+            ``online_queries``, the linked shapes and ``seed`` (unused: its sampling is deterministic).
     """
+
+    fixed_arguments = ("buffer_mode",)
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
+        *,
         memory_size: int = 100,
         support_size: int = 99,
         queries_per_step: int = 1,
@@ -70,14 +67,12 @@ class FullAttention(ReplayLearner):
         embed_dim: int | None = None,
         isolate_queries: Literal["sequence", "mask"] = "sequence",
         encoder: Literal["flatten", "cnn"] = "flatten",
-        online_queries: int = 2,
         optimizer: OptimizerCallable = adam_5e4,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            input_shape, num_outputs, task_type, memory_size, "fifo", support_size, online_queries, optimizer, seed
+            memory_size=memory_size, buffer_mode="fifo", support_size=support_size, optimizer=optimizer, **kwargs
         )
-        self.save_hyperparameters()
         if queries_per_step < 1 or (admit_last is not None and admit_last < 1):
             raise ValueError("queries_per_step and admit_last must be >= 1")
         if support_size + queries_per_step > memory_size:
@@ -85,7 +80,7 @@ class FullAttention(ReplayLearner):
         self.queries_per_step, self.admit_last, self.isolate_queries = queries_per_step, admit_last, isolate_queries
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.embed = nn.Identity() if embed_dim is None else nn.Linear(features, embed_dim)
-        width = (features if embed_dim is None else embed_dim) + num_outputs
+        width = (features if embed_dim is None else embed_dim) + self.num_outputs
         self.transformer = TinyTransformer(width, num_layers)
 
     def tokens(self, x: Tensor, y: Tensor | None = None) -> Tensor:

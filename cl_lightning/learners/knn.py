@@ -11,12 +11,12 @@ only fills a FIFO (or reservoir) buffer, which is the support set when an episod
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch, TaskType
+from cl_lightning.contract import StreamBatch
 from cl_lightning.learners.replay import ReplayLearner
 
 
@@ -41,41 +41,36 @@ def knn_predict(
     return (log_w.softmax(-1)[..., None] * values).sum(1)  # (Q, C)
 
 
+def _no_optimizer(params: Any) -> None:
+    """kNN's optimiser factory: it is never called (:meth:`KNN.configure_optimizers` returns nothing)."""
+    raise AssertionError("KNN has nothing to optimise")
+
+
 class KNN(ReplayLearner):
     """Distance-weighted kNN with no parameters; the episode's context (or the buffer) is the support set.
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
-        memory_size: Buffer capacity (the support set of the online metric and of context-free predictions).
-        buffer_mode: ``"fifo"`` or ``"reservoir"``.
-        support_size: Supports used: the first ``support_size`` context examples, or the newest stored ones.
         k: Neighbours per query; ``None`` weighs every support (Nadaraya–Watson).
         weighting: ``"inverse"`` (w = 1/d, the paper's first form) or ``"gaussian"`` (w = exp(−d²/2h²)).
         bandwidth: Gaussian bandwidth ``h`` in input units.
         online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
-        seed: Seed of reservoir admission draws.
+        **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s but ``optimizer`` (nothing is trained):
+            ``memory_size`` is the support set of the online metric and of context-free predictions, ``seed`` the
+            seed of reservoir admission draws.
     """
+
+    fixed_arguments = ("optimizer",)
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
-        memory_size: int = 1000,
-        buffer_mode: Literal["fifo", "reservoir"] = "fifo",
-        support_size: int = 1000,
+        *,
         k: int | None = 10,
         weighting: Literal["inverse", "gaussian"] = "inverse",
         bandwidth: float = 1.0,
         online_queries: int = 400,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            input_shape, num_outputs, task_type, memory_size, buffer_mode, support_size, online_queries, seed=seed
-        )
-        self.save_hyperparameters()
+        super().__init__(online_queries=online_queries, optimizer=_no_optimizer, **kwargs)
         if (k is not None and k < 1) or bandwidth <= 0:
             raise ValueError("k must be >= 1 (or null) and bandwidth > 0")
         self.k, self.weighting, self.bandwidth = k, weighting, bandwidth

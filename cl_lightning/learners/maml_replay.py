@@ -18,15 +18,13 @@ queries. Adaptation is functional (``torch.func``), so evaluation never changes 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from cl_lightning.contract import StreamBatch, TaskType
-from cl_lightning.learners.base import adam_1e4
+from cl_lightning.contract import StreamBatch
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import pseudo_task_sample
 from cl_lightning.nn.cnn import make_encoder
@@ -39,9 +37,6 @@ class MAMLReplay(ReplayLearner):
     """Second-order MAML over contiguous pseudo-tasks of a FIFO replay buffer (manual optimisation).
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
         hidden_sizes: MLP widths (PMNIST: [100, 100, 100, 100]; Split: [128, 128] after the CNN; SCR: [40]).
         init: MLP initialisation (PyTorch's default; the paper does not state one).
         encoder: ``"flatten"`` or ``"cnn"`` (Split: the shared CNN, adapted in the inner loop like everything else).
@@ -59,15 +54,16 @@ class MAMLReplay(ReplayLearner):
         start_when_full: Meta-update only once the buffer is full (the code); else once every region fits a slice.
         online_queries: Incoming examples per chunk predicted (after adapting on the newest stored examples)
             before learning, for the online metric.
-        optimizer: Outer optimiser factory (Adam, lr 1e-4).
-        seed: Seed of admission, update and pseudo-task draws; they depend on ``(seed, step)`` only.
+        **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s but ``buffer_mode`` (always FIFO): the
+            linked shapes, ``optimizer`` (the outer one: Adam, lr 1e-4) and ``seed`` (of admission, update and
+            pseudo-task draws; they depend on ``(seed, step)`` only).
     """
+
+    fixed_arguments = ("buffer_mode",)
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
+        *,
         hidden_sizes: list[int] | None = None,
         init: InitName = "default",
         encoder: Literal["flatten", "cnn"] = "flatten",
@@ -83,13 +79,15 @@ class MAMLReplay(ReplayLearner):
         update_prob: float = 1.0,
         start_when_full: bool = True,
         online_queries: int = 100,
-        optimizer: OptimizerCallable = adam_1e4,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
         super().__init__(
-            input_shape, num_outputs, task_type, memory_size, "fifo", support_size, online_queries, optimizer, seed
+            memory_size=memory_size,
+            buffer_mode="fifo",
+            support_size=support_size,
+            online_queries=online_queries,
+            **kwargs,
         )
-        self.save_hyperparameters()
         if min(num_pseudo_tasks, query_size) < 1 or inner_steps < 0:
             raise ValueError("num_pseudo_tasks and query_size must be >= 1 and inner_steps >= 0")
         if not (0 < admission_prob <= 1 and 0 < update_prob <= 1):
@@ -102,7 +100,7 @@ class MAMLReplay(ReplayLearner):
         self.start_when_full = start_when_full
         hidden = [100, 100, 100, 100] if hidden_sizes is None else list(hidden_sizes)
         enc, features = make_encoder(encoder, self.input_shape)
-        self.net = nn.Sequential(enc, MLP(features, num_outputs, hidden, init=init))
+        self.net = nn.Sequential(enc, MLP(features, self.num_outputs, hidden, init=init))
 
     def adapt(self, params: Params, x: Tensor, y: Tensor, second_order: bool = True) -> Params:
         """``inner_steps`` SGD steps on ``L(x, y)`` from ``params``; differentiable through them if ``second_order``."""

@@ -139,6 +139,7 @@ class ParametricAttention(ContinualLearner):
 
     def __init__(
         self,
+        *,
         input_shape: tuple[int, ...] = (49,),
         num_outputs: int = 10,
         task_type: TaskType = "classification",
@@ -162,8 +163,9 @@ class ParametricAttention(ContinualLearner):
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
-        self.save_hyperparameters()
+        super().__init__(
+            input_shape=input_shape, num_outputs=num_outputs, task_type=task_type, optimizer=optimizer, seed=seed
+        )
         hidden = [256, 256] if hidden_sizes is None else list(hidden_sizes)
         if not hidden or key_dim < 1 or num_heads < 1 or chunk_size < 1 or temperature <= 0 or forget_init <= 0:
             raise ValueError("need hidden_sizes, key_dim, num_heads, chunk_size >= 1 and temperature, forget_init > 0")

@@ -15,14 +15,12 @@ supports, one query per 400-example chunk.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch, TaskType
-from cl_lightning.learners.base import adam_1e4
+from cl_lightning.contract import StreamBatch
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
 from cl_lightning.nn.cnn import make_encoder
@@ -35,11 +33,7 @@ class QueryOnlyAttention(ReplayLearner):
     """Query-only attention over a replay buffer.
 
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
         memory_size: Replay buffer capacity (authors' PMNIST code: 50,000; the paper's table: = support size).
-        buffer_mode: ``"fifo"`` (paper) or ``"reservoir"``.
         support_size: Window / support-set size (V1: 1,000; V2: 200). Evaluation uses this many context examples.
         sampler: ``"window"`` (authors' contiguous window), ``"uniform"`` (distinct uniform draws) or
             ``"sliding"`` (the paper's regression sampler: the newest stored example is the query and the
@@ -59,8 +53,6 @@ class QueryOnlyAttention(ReplayLearner):
             two queries 0.020–0.028: the queries of a chunk are about independent), against ~0.003 on the paper's
             100-task windows; each query costs a no-gradient pass over ``support_size`` pairs, about a fifth of a
             training step at V1 sizes (``benchmarks/online_metric.py``).
-        optimizer: Optimiser factory (paper: Adam, lr 1e-4).
-        seed: Seed of support sampling; draws depend on ``(seed, step)`` only.
         eval_across_ranks: Under DDP, split each evaluation episode's queries across the ranks and gather the
             answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
             ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
@@ -71,15 +63,14 @@ class QueryOnlyAttention(ReplayLearner):
             a compilation (27–29 s cold here) that every short run would pay (README, "The GPU path").
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
+        **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
+            linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
+        *,
         memory_size: int = 50_000,
-        buffer_mode: Literal["fifo", "reservoir"] = "fifo",
         support_size: int = 1_000,
         sampler: SamplerName = "window",
         queries_per_step: int = 1,
@@ -89,29 +80,25 @@ class QueryOnlyAttention(ReplayLearner):
         use_labels: bool = True,
         encoder: Literal["flatten", "cnn"] = "flatten",
         online_queries: int = 1,
-        optimizer: OptimizerCallable = adam_1e4,
-        seed: int = 0,
         eval_across_ranks: bool = False,
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            input_shape, num_outputs, task_type, memory_size, buffer_mode, support_size, online_queries, optimizer, seed
-        )
-        self.save_hyperparameters()
+        super().__init__(memory_size=memory_size, support_size=support_size, online_queries=online_queries, **kwargs)
         if queries_per_step < 1:
             raise ValueError("queries_per_step must be >= 1")
         if support_size + queries_per_step > memory_size:
             raise ValueError(f"support_size {support_size} + queries_per_step must fit in memory_size {memory_size}")
         self.sampler, self.queries_per_step, self.start_when_full = sampler, queries_per_step, start_when_full
-        self.use_labels = use_labels and task_type == "classification"
+        self.use_labels = use_labels and self.task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
         self.compile, self.compile_mode = compile, compile_mode
         self._compiled_loss: Callable[..., Tensor] | None = None  # built at the first step (not module state)
         self.encoder, features = make_encoder(encoder, self.input_shape)
-        labels = num_outputs if self.use_labels else 0
+        labels = self.num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
-        if sampler == "window" and task_type == "classification":
+        if sampler == "window" and self.task_type == "classification":
             self.buffer.keep_host_labels()  # the window sampler draws from host labels: no device read per step
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:

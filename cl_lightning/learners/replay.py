@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
-from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
-from cl_lightning.learners.base import ContinualLearner, adam_1e4
+from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
 
@@ -31,37 +30,35 @@ class ReplayLearner(ContinualLearner):
     (usually :meth:`log_online_from_memory`, ``self.buffer.add``, then :meth:`replay_step` once :meth:`ready`) and
     :meth:`output_layer`; learners that step override :attr:`ready_size`.
 
+    The head of the replay learners: they take these arguments, and :class:`ContinualLearner`'s, through
+    ``**kwargs`` (re-declaring those whose default differs).
+
     Args:
-        input_shape: Shape of one input (linked from the data module).
-        num_outputs: Classes or regression targets (linked).
-        task_type: Linked from the data module.
         memory_size: Buffer capacity.
         buffer_mode: ``"fifo"`` or ``"reservoir"``.
         support_size: Supports per prediction: the first ``support_size`` context examples, or the newest stored.
         online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
-        optimizer: Optimiser factory.
-        seed: Seed of the learner's draws; they depend on ``(seed, step)`` only.
+        **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer`` and
+            ``seed`` (the learner's draws depend on ``(seed, step)`` only).
     """
 
     def __init__(
         self,
-        input_shape: tuple[int, ...] = (49,),
-        num_outputs: int = 10,
-        task_type: TaskType = "classification",
+        *,
         memory_size: int = 1000,
         buffer_mode: Literal["fifo", "reservoir"] = "fifo",
         support_size: int = 1000,
         online_queries: int = 2,
-        optimizer: OptimizerCallable = adam_1e4,
-        seed: int = 0,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(input_shape, num_outputs, task_type, optimizer, seed)
+        super().__init__(**kwargs)
         if support_size < 1 or online_queries < 0:
             raise ValueError("support_size must be >= 1 and online_queries >= 0")
         if support_size > memory_size:
             raise ValueError(f"support_size {support_size} is larger than memory_size {memory_size}")
         self.support_size, self.online_queries = support_size, online_queries
-        y_shape, y_dtype = ((), torch.long) if task_type == "classification" else ((num_outputs,), torch.float32)
+        classification = self.task_type == "classification"
+        y_shape, y_dtype = ((), torch.long) if classification else ((self.num_outputs,), torch.float32)
         self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
         self.automatic_optimization = False  # see the module docstring: skipped steps under DDP
         self._host_batch_y: Tensor | None = None  # the running chunk's labels before their transfer to the device

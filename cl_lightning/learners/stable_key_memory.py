@@ -53,6 +53,7 @@ class StableKeyMemory(ParametricAttention):
 
     def __init__(
         self,
+        *,
         input_shape: tuple[int, ...] = (49,),
         num_outputs: int = 10,
         task_type: TaskType = "classification",
@@ -69,10 +70,10 @@ class StableKeyMemory(ParametricAttention):
         if routes < 1 or not -1.0 <= route_threshold <= 1.0:
             raise ValueError("need routes >= 1 and route_threshold in [-1, 1]")
         super().__init__(
-            input_shape, num_outputs, task_type, rule=rule, hidden_sizes=hidden_sizes, key_dim=key_dim,
-            num_heads=routes, temperature=temperature, chunk_size=chunk_size, optimizer=optimizer, seed=seed,
+            input_shape=input_shape, num_outputs=num_outputs, task_type=task_type, rule=rule, hidden_sizes=hidden_sizes,
+            key_dim=key_dim, num_heads=routes, temperature=temperature, chunk_size=chunk_size, optimizer=optimizer,
+            seed=seed,
         )  # fmt: skip
-        self.save_hyperparameters()
         self.routes, self.route_threshold = routes, route_threshold
         width = math.prod(self.input_shape)
         gen = torch.Generator().manual_seed(seed + 1)

@@ -91,20 +91,22 @@ def sample_support(
 
 
 def pseudo_task_sample(
-    size: int, num_tasks: int, support_size: int, query_size: int, generator: torch.Generator
+    size: int, num_pseudo_tasks: int, support_size: int, query_size: int, generator: torch.Generator
 ) -> tuple[Tensor, Tensor]:
     """MAML-with-replay pseudo-tasks (docs/baselines.md §6, authors' code): contiguous slices of equal buffer regions.
 
-    The ``size`` stored examples (logical order, oldest first) are cut into ``num_tasks`` equal contiguous regions
-    (the last ``size mod num_tasks`` examples belong to none); in each a start is drawn uniformly, the next
-    ``support_size`` examples are the support slice and the ``query_size`` after them the query slice.
+    The ``size`` stored examples (logical order, oldest first) are cut into ``num_pseudo_tasks`` equal contiguous
+    regions (the last ``size mod num_pseudo_tasks`` examples belong to none); in each a start is drawn uniformly, the
+    next ``support_size`` examples are the support slice and the ``query_size`` after them the query slice.
 
     Returns:
         ``query_idx (T, query_size)`` and ``support_idx (T, support_size)``, logical buffer indices.
     """
-    region, span = size // num_tasks, support_size + query_size
+    region, span = size // num_pseudo_tasks, support_size + query_size
     if region < span:
-        raise ValueError(f"{size} stored examples in {num_tasks} regions leave fewer than {span} per region")
-    starts = torch.arange(num_tasks) * region + torch.randint(0, region - span + 1, (num_tasks,), generator=generator)
+        raise ValueError(f"{size} stored examples in {num_pseudo_tasks} regions leave fewer than {span} per region")
+    starts = torch.arange(num_pseudo_tasks) * region + torch.randint(
+        0, region - span + 1, (num_pseudo_tasks,), generator=generator
+    )
     idx = starts[:, None] + torch.arange(span)  # (T, s + q)
     return idx[:, support_size:], idx[:, :support_size]
