@@ -36,7 +36,10 @@ class ReplayLearner(ContinualLearner):
     Args:
         memory_size: Buffer capacity.
         buffer_mode: ``"fifo"`` or ``"reservoir"``.
-        support_size: Supports per prediction: the first ``support_size`` context examples, or the newest stored.
+        support_size: Supports per prediction while training (drawn from the buffer) and the most an evaluation
+            episode's context lends (its first ``min(support_size, data.context_size)`` examples). Not linked to
+            ``data.context_size``: the paper's settings differ on purpose (full attention: 99 supports from a FIFO of
+            100, episodes of 100 on Permuted MNIST and 180 on Split Tiny ImageNet; MAML: 10 supports per pseudo-task).
         online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer`` and
             ``seed`` (the learner's draws depend on ``(seed, step)`` only).
