@@ -18,7 +18,7 @@ Chunked form, with b = cumsum(g) inside the chunk (never exp(+cumsum) factors, w
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
+from cl_lightning.ops.utils import causal_mask, chunk_scan, decay_matrix, masked_read_write, recurrent_scan, start_state
 
 
 def naive_recurrent_decay_linear_attn(
@@ -33,18 +33,32 @@ def naive_recurrent_decay_linear_attn(
     """Decay linear attention, token-by-token reference: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
 
     Args:
-        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
-        k: Keys, shape (B, H, T, K).
+        q, k, v, beta, initial_state, prequential: As for linear attention, the rule with g = 0
+            (:func:`~cl_lightning.ops.linear_attn.naive_recurrent_linear_attn`).
         g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
-        beta: Write strengths beta_t, shape (B, H, T); None means 1.
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    return decay_reference(q, k, v, g, beta, initial_state, prequential)
+
+
+def decay_reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    prequential: bool,
+) -> tuple[Tensor, Tensor]:
+    """The token loop of decay and linear attention (``g`` None: no decay), shared by both rules' references."""
+    state = start_state(q, v, initial_state)
     if beta is not None:
         v = v * beta.unsqueeze(-1)
-    alpha = (g if g.dim() == 4 else g.unsqueeze(-1)).exp()  # (B, H, T, K) or (B, H, T, 1)
+    alpha = None if g is None else (g if g.dim() == 4 else g.unsqueeze(-1)).exp()  # (B, H, T, K) or (B, H, T, 1)
 
-    def write(t: int, state: Tensor) -> Tensor:  # one decay and write per token
-        return alpha[:, :, t, :, None] * state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, V)
+    def write(t: int, state: Tensor) -> Tensor:  # one (decay and) write per token
+        if alpha is not None:
+            state = alpha[:, :, t, :, None] * state
+        return state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, 1) * (B, H, 1, V)
 
     return recurrent_scan(write, q, state, prequential)
 
@@ -61,11 +75,8 @@ def chunk_decay_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Decay linear attention, chunked form: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
 
-    The same numbers as :func:`naive_recurrent_decay_linear_attn`, the reference:
-    arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_decay_linear_attn`, the reference: arguments, shapes and returns as
+    there; keep ``chunk_size`` C <= 64 (any T works, the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 3)
@@ -74,12 +85,28 @@ def chunk_decay_linear_attn(
         >>> tuple(o.shape), tuple(state.shape)
         ((1, 2, 7, 3), (1, 2, 4, 3))
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    return decay_chunked(q, k, v, g, beta, initial_state, prequential, chunk_size)
+
+
+def decay_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    beta: Tensor | None,
+    initial_state: Tensor | None,
+    prequential: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """The chunked form of decay and linear attention (``g`` None: no decay), shared by both rules."""
+    state = start_state(q, v, initial_state)
     if beta is not None:
         v = v * beta.unsqueeze(-1)
-    gates = g if g.dim() == 4 else g.unsqueeze(-1)  # (B, H, T, F), F = K or 1
+    gates = g.unsqueeze(-1) if g is not None and g.dim() == 3 else g  # (B, H, T, F), F = K or 1; None: no decay
 
-    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, g_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
+    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, g_c: Tensor | None, state: Tensor) -> tuple[Tensor, Tensor]:
+        if g_c is None:  # linear attention: O_c = Q S + Tril(Q K^T) V, S <- S + K^T V
+            return masked_read_write(q_c, k_c, v_c, state, causal_mask(q_c.shape[2], prequential, q_c.device))
         b = g_c.cumsum(dim=2)  # (B, H, C, F)
         b_read = b - g_c if prequential else b  # prequential reads S_{t-1}: cumulative gate up to t-1
         if b.shape[-1] == 1:  # scalar gate: a (C, C) decay matrix suffices

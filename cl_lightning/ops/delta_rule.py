@@ -15,12 +15,13 @@ UT representation, with S the state at the chunk start:
     U' = U - W S
     O_c = Q S + Tril(Q K^T) U'                             (StrictTril when prequential)
     S  <- S + K^T U'
+
+It is the gated delta rule (:mod:`cl_lightning.ops.gated_delta_rule`) with no decay, g = 0, and runs that rule's code.
 """
 
-import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import causal_mask, chunk_scan, recurrent_scan, zero_state
+from cl_lightning.ops.gated_delta_rule import gated_delta_chunked, gated_delta_reference
 
 
 def naive_recurrent_delta_rule(
@@ -38,14 +39,7 @@ def naive_recurrent_delta_rule(
         k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
         beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
-
-    def write(t: int, state: Tensor) -> Tensor:  # one LMS step per token
-        k_t = k[:, :, t]  # (B, H, K)
-        error = v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)  # (B, H, V)
-        return state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)  # (B, H, K, V)
-
-    return recurrent_scan(write, q, state, prequential)
+    return gated_delta_reference(q, k, v, beta, None, initial_state, prequential)
 
 
 def chunk_delta_rule(
@@ -59,12 +53,11 @@ def chunk_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Delta rule, chunked WY/UT form: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_delta_rule`, the reference: arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_delta_rule`, the reference: arguments, shapes and returns as there;
+    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
 
     Example:
+        >>> import torch
         >>> from cl_lightning.ops.utils import l2_normalize
         >>> k = l2_normalize(torch.randn(1, 1, 5, 4, dtype=torch.float64))
         >>> v = torch.randn(1, 1, 5, 3, dtype=torch.float64)
@@ -72,19 +65,4 @@ def chunk_delta_rule(
         >>> torch.allclose(o, v)  # beta = 1 and q = k: each value is read back right after its write
         True
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
-
-    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        size, key_dim = k_c.shape[2], k_c.shape[3]
-        k_beta = k_c * beta_c.unsqueeze(-1)  # (B, H, C, K)
-        lower = (k_beta @ k_c.transpose(-1, -2)).tril(-1)  # A = StrictTril(diag(beta) K K^T), (B, H, C, C)
-        lower = lower + torch.eye(size, dtype=lower.dtype, device=lower.device)
-        rhs = torch.cat([k_beta, v_c * beta_c.unsqueeze(-1)], dim=-1)  # (B, H, C, K + V)
-        wu = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        w, u = wu.split([key_dim, wu.shape[-1] - key_dim], dim=-1)  # (B, H, C, K), (B, H, C, V)
-        u = u - w @ state  # U' = U - W S: the write errors against the chunk-start state
-        mask = causal_mask(size, prequential, q_c.device)
-        scores = (q_c @ k_c.transpose(-1, -2)).masked_fill(~mask, 0.0)  # (B, H, C, C)
-        return q_c @ state + scores @ u, state + k_c.transpose(-1, -2) @ u
-
-    return chunk_scan(step, [q, k, v, beta], state, chunk_size)
+    return gated_delta_chunked(q, k, v, beta, None, initial_state, prequential, chunk_size)

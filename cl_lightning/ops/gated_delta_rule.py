@@ -21,7 +21,15 @@ Prequential: b is replaced by b^- (b^-_i = b_{i-1}, b^-_1 = 0) in the read, with
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
+from cl_lightning.ops.utils import (
+    causal_mask,
+    chunk_scan,
+    decay_matrix,
+    masked_read_write,
+    recurrent_scan,
+    start_state,
+    unit_lower_solve,
+)
 
 
 def naive_recurrent_gated_delta_rule(
@@ -36,18 +44,25 @@ def naive_recurrent_gated_delta_rule(
     """Gated delta rule, token-by-token reference: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
     Args:
-        q, v, initial_state, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`, also the returns).
-        k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
-        beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
+        q, k, v, beta, initial_state, prequential: As for the delta rule, the rule with g = 0
+            (:func:`~cl_lightning.ops.delta_rule.naive_recurrent_delta_rule`).
         g: Log-space decay gates g_t <= 0, shape (B, H, T).
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    return gated_delta_reference(q, k, v, beta, g, initial_state, prequential)
 
-    def write(t: int, state: Tensor) -> Tensor:  # decay, then one LMS step per token
-        state = g[:, :, t, None, None].exp() * state  # (B, H, K, V)
+
+def gated_delta_reference(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, initial_state: Tensor | None, prequential: bool
+) -> tuple[Tensor, Tensor]:
+    """The token loop of the gated and plain delta rules (``g`` None: no decay), shared by both rules' references."""
+    state = start_state(q, v, initial_state)
+
+    def write(t: int, state: Tensor) -> Tensor:  # (decay, then) one LMS step per token
+        if g is not None:
+            state = g[:, :, t, None, None].exp() * state  # (B, H, K, V)
         k_t = k[:, :, t]  # (B, H, K)
         error = v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, state)  # (B, H, V)
-        return state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)
+        return state + beta[:, :, t, None, None] * k_t.unsqueeze(-1) * error.unsqueeze(-2)  # (B, H, K, V)
 
     return recurrent_scan(write, q, state, prequential)
 
@@ -64,10 +79,8 @@ def chunk_gated_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Gated delta rule, chunked WY/UT form: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
-    The same numbers as :func:`naive_recurrent_gated_delta_rule`, the reference: arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C (keep C <= 64); any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_gated_delta_rule`, the reference: arguments, shapes and returns as
+    there; keep ``chunk_size`` C <= 64 (any T works, the last chunk may be shorter).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)
@@ -76,13 +89,34 @@ def chunk_gated_delta_rule(
         >>> tuple(o.shape), tuple(state.shape)
         ((1, 2, 9, 3), (1, 2, 4, 3))
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    return gated_delta_chunked(q, k, v, beta, g, initial_state, prequential, chunk_size)
+
+
+def gated_delta_chunked(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None,
+    initial_state: Tensor | None,
+    prequential: bool,
+    chunk_size: int,
+) -> tuple[Tensor, Tensor]:
+    """The chunked WY/UT form of the gated and plain delta rules (``g`` None: no decay), shared by both rules."""
+    state = start_state(q, v, initial_state)
 
     def step(
-        q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, g_c: Tensor, state: Tensor
+        q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, g_c: Tensor | None, state: Tensor
     ) -> tuple[Tensor, Tensor]:
+        k_beta, v_beta = k_c * beta_c.unsqueeze(-1), v_c * beta_c.unsqueeze(-1)  # (B, H, C, K), (B, H, C, V)
+        gram = k_beta @ k_c.transpose(-1, -2)  # diag(beta) K K^T, (B, H, C, C)
+        if g_c is None:  # the delta rule: A = StrictTril(diag(beta) K K^T), O_c = Q S + Tril(Q K^T) U'
+            w, u = unit_lower_solve(gram.tril(-1), k_beta, v_beta)
+            u = u - w @ state  # U' = U - W S: the write errors against the chunk-start state
+            return masked_read_write(q_c, k_c, u, state, causal_mask(q_c.shape[2], prequential, q_c.device))
         b = g_c.cumsum(dim=2)  # (B, H, C)
-        w, u = _wy_transform(k_c, v_c, beta_c, b)
+        lower = (gram * decay_matrix(b, b, strict=False)).tril(-1)  # A, (B, H, C, C)
+        w, u = unit_lower_solve(lower, k_beta * b.exp().unsqueeze(-1), v_beta)
         u = u - w @ state  # U' = U - W S: the write errors against the decayed chunk-start state
         b_read = b - g_c if prequential else b  # prequential reads S_{t-1}: cumulative gate up to t-1
         scores = (q_c @ k_c.transpose(-1, -2)) * decay_matrix(b_read, b, prequential)  # (B, H, C, C)
@@ -92,15 +126,3 @@ def chunk_gated_delta_rule(
         return o, b_last.exp().unsqueeze(-1) * state + (k_c * decay_to_end).transpose(-1, -2) @ u
 
     return chunk_scan(step, [q, k, v, beta, g], state, chunk_size)
-
-
-def _wy_transform(k: Tensor, v: Tensor, beta: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
-    """W (B, H, C, K) and U (B, H, C, V) of the UT transform, by one unit lower-triangular solve (no inverse)."""
-    size, key_dim = k.shape[2], k.shape[3]
-    k_beta = k * beta.unsqueeze(-1)  # (B, H, C, K)
-    lower = (k_beta @ k.transpose(-1, -2) * decay_matrix(b, b, strict=False)).tril(-1)  # A, (B, H, C, C)
-    lower = lower + torch.eye(size, dtype=lower.dtype, device=lower.device)
-    rhs = torch.cat([k_beta * b.exp().unsqueeze(-1), v * beta.unsqueeze(-1)], dim=-1)  # (B, H, C, K + V)
-    wu = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-    w, u = wu.split([key_dim, wu.shape[-1] - key_dim], dim=-1)
-    return w, u

@@ -11,11 +11,13 @@ Chunked form (chunk of C rows Q, K, V; V already scaled by beta):
 
     O_c = Q S + Tril(Q K^T) V                 (StrictTril when prequential)
     S  <- S + K^T V
+
+It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 0, and runs that rule's code.
 """
 
 from torch import Tensor
 
-from cl_lightning.ops.utils import causal_mask, chunk_scan, recurrent_scan, zero_state
+from cl_lightning.ops.decay import decay_chunked, decay_reference
 
 
 def naive_recurrent_linear_attn(
@@ -33,14 +35,7 @@ def naive_recurrent_linear_attn(
         k: Keys, shape (B, H, T, K).
         beta: Write strengths beta_t, shape (B, H, T); None means 1.
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
-    if beta is not None:
-        v = v * beta.unsqueeze(-1)
-
-    def write(t: int, state: Tensor) -> Tensor:  # one Hebbian write per token
-        return state + k[:, :, t, :, None] * v[:, :, t, None, :]  # (B, H, K, 1) * (B, H, 1, V)
-
-    return recurrent_scan(write, q, state, prequential)
+    return decay_reference(q, k, v, None, beta, initial_state, prequential)
 
 
 def chunk_linear_attn(
@@ -54,10 +49,8 @@ def chunk_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Linear (Hebbian) attention, chunked form: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C; any T works (the last chunk may be shorter).
+    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there;
+    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
 
     Example:
         >>> import torch
@@ -66,13 +59,4 @@ def chunk_linear_attn(
         >>> tuple(o.shape), tuple(state.shape)
         ((2, 3, 10, 5), (2, 3, 4, 5))
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
-    if beta is not None:
-        v = v * beta.unsqueeze(-1)
-
-    def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        mask = causal_mask(q_c.shape[2], prequential, q_c.device)
-        scores = (q_c @ k_c.transpose(-1, -2)).masked_fill(~mask, 0.0)  # (B, H, C, C)
-        return q_c @ state + scores @ v_c, state + k_c.transpose(-1, -2) @ v_c
-
-    return chunk_scan(step, [q, k, v], state, chunk_size)
+    return decay_chunked(q, k, v, None, beta, initial_state, prequential, chunk_size)

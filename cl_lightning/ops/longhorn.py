@@ -20,7 +20,7 @@ b = cumsum(log(1 - eps k^2)) per (key, channel) pair inside the chunk, the GLA a
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, zero_state
+from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, start_state
 
 
 def longhorn_step_size(beta: Tensor, k: Tensor) -> Tensor:
@@ -65,7 +65,7 @@ def naive_recurrent_longhorn(
         v: Values (the channels x_t), shape (B, H, T, V).
         beta: Step sizes beta_t > 0, shape (B, H, T) (per head) or (B, H, T, V) (per channel, as in the paper's code).
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    state = start_state(q, v, initial_state)
     eps = _channel_step_size(beta, k, v)  # (B, H, T, V)
 
     def write(t: int, state: Tensor) -> Tensor:  # one diagonal proximal step per token
@@ -97,7 +97,7 @@ def chunk_longhorn(
         >>> tuple(o.shape), tuple(state.shape)
         ((1, 2, 9, 3), (1, 2, 4, 3))
     """
-    state = zero_state(q, v) if initial_state is None else initial_state
+    state = start_state(q, v, initial_state)
     eps = _channel_step_size(beta, k, v)  # (B, H, T, V)
 
     def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, eps_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:

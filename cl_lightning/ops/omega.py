@@ -23,7 +23,7 @@ not kept), as a TTT mini-batch starts at each call.
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, recurrent_scan, zero_state
+from cl_lightning.ops.utils import chunk_scan, masked_read_write, recurrent_scan, start_state, unit_lower_solve
 
 
 def _check_window(window: int) -> None:
@@ -52,7 +52,7 @@ def naive_recurrent_omega_rule(
     """
     _check_window(window)
     gamma = torch.ones_like(beta) if gamma is None else gamma
-    state = zero_state(q, v) if initial_state is None else initial_state
+    state = start_state(q, v, initial_state)
 
     def write(t: int, state: Tensor) -> Tensor:  # one gradient step on the window loss per token
         lo = max(0, t - window + 1)
@@ -100,24 +100,20 @@ def chunk_omega_rule(
     """
     _check_window(window)
     gamma = torch.ones_like(beta) if gamma is None else gamma
-    state = zero_state(q, v) if initial_state is None else initial_state
+    state = start_state(q, v, initial_state)
     k_w, v_w = _windows(k, window), _windows(v, window)  # (B, H, T, c, K), (B, H, T, c, V)
     rate = beta.unsqueeze(-1) * _windows(gamma, window)  # a_{t,i} = eta_t gamma_i, 0 before the start, (B, H, T, c)
 
     def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, a_c: Tensor, state: Tensor) -> tuple[Tensor, Tensor]:
-        size, key_dim = q_c.shape[2], k_c.shape[-1]
+        size = q_c.shape[2]
         k_b, v_b = k_c.flatten(2, 3), v_c.flatten(2, 3)  # (B, H, C*c, K), (B, H, C*c, V)
         a_b = a_c.flatten(2, 3).unsqueeze(-1)  # (B, H, C*c, 1)
         block = torch.arange(size * window, device=q_c.device) // window  # the step each stacked row belongs to
         lower = ((a_b * k_b) @ k_b.transpose(-1, -2)).masked_fill(~(block[:, None] > block[None, :]), 0.0)
-        lower = lower + torch.eye(size * window, dtype=lower.dtype, device=lower.device)
-        rhs = torch.cat([a_b * k_b, a_b * v_b], dim=-1)
-        wu = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        w, u = wu.split([key_dim, wu.shape[-1] - key_dim], dim=-1)
+        w, u = unit_lower_solve(lower, a_b * k_b, a_b * v_b)
         u = u - w @ state  # U' = U - W S
         steps = torch.arange(size, device=q_c.device)
         read = block[None, :] < steps[:, None] if prequential else block[None, :] <= steps[:, None]  # (C, C*c)
-        scores = (q_c @ k_b.transpose(-1, -2)).masked_fill(~read, 0.0)
-        return q_c @ state + scores @ u, state + k_b.transpose(-1, -2) @ u
+        return masked_read_write(q_c, k_b, u, state, read)
 
     return chunk_scan(step, [q, k_w, v_w, rate], state, chunk_size)

@@ -21,14 +21,13 @@ L^mu likewise and D = L^r L^mu:
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import chunk_scan, decay_matrix
+from cl_lightning.ops.utils import check_mini_batch_size, chunk_scan, decay_matrix
 
 TitansState = tuple[Tensor, Tensor]
 
 
 def _setup(q: Tensor, v: Tensor, beta: Tensor, log_momentum, log_retain, initial_state, mini_batch_size):
-    if mini_batch_size < 1:
-        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+    check_mini_batch_size(mini_batch_size)
     zeros = torch.zeros_like(beta)
     log_momentum = zeros if log_momentum is None else log_momentum
     log_retain = zeros if log_retain is None else log_retain

@@ -21,7 +21,7 @@ W_M. Chunked (dual) form per mini-batch, with G = dl/dZ at Z = K W_0 + b_0 and E
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import causal_mask, chunk_scan
+from cl_lightning.ops.utils import check_mini_batch_size, chunk_scan, mini_batch_rates
 
 TTTState = tuple[Tensor, Tensor]
 LN_EPS = 1e-6  # eps of TTT's LayerNorm
@@ -68,8 +68,7 @@ def _setup(
 
 def _position_scale(q: Tensor, mini_batch_size: int, position_scale: Tensor | None) -> Tensor:
     """Position scales tau of shape (M,): ``position_scale`` or 1/i, i = 1..M."""
-    if mini_batch_size < 1:
-        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+    check_mini_batch_size(mini_batch_size)
     if position_scale is not None:
         return position_scale
     return 1.0 / torch.arange(1, mini_batch_size + 1, dtype=q.dtype, device=q.device)
@@ -163,14 +162,10 @@ def chunk_ttt_linear(
 
     def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, state: TTTState) -> tuple[Tensor, TTTState]:
         weight, bias = state
-        size = q_c.shape[2]
         grad = ln_l2_grad(k_c @ weight + bias.unsqueeze(2), v_c - k_c, ln_w, ln_b)  # G at (W_0, b_0), (B, H, C, D)
-        tau_c = tau[:size]
-        tau_read = torch.cat([tau_c.new_zeros(1), tau_c[:-1]]) if prequential else tau_c  # read W_{i-1}
-        eta = tau_read.unsqueeze(-1) * beta_c.unsqueeze(-2)  # E_ij = tau_i eta_j, (B, H, C, C)
-        eta = eta.masked_fill(~causal_mask(size, prequential, q_c.device), 0.0)
+        eta = mini_batch_rates(tau, beta_c, prequential)  # E_ij = tau_i eta_j, (B, H, C, C)
         z = q_c @ weight + bias.unsqueeze(2) - (eta * (q_c @ k_c.transpose(-1, -2) + 1.0)) @ grad  # (B, H, C, D)
-        eta_grad = (tau_c[-1] * beta_c).unsqueeze(-1) * grad  # diag(E_M) G, (B, H, C, D)
+        eta_grad = (tau[q_c.shape[2] - 1] * beta_c).unsqueeze(-1) * grad  # diag(E_M) G, (B, H, C, D)
         new_state = (weight - k_c.transpose(-1, -2) @ eta_grad, bias - eta_grad.sum(dim=2))
         return q_c + layer_norm(z, ln_w, ln_b), new_state
 

@@ -23,7 +23,7 @@ import math
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import causal_mask, chunk_scan
+from cl_lightning.ops.utils import check_mini_batch_size, chunk_scan, mini_batch_rates
 
 MLPState = tuple[Tensor, Tensor, Tensor, Tensor]
 _C = math.sqrt(2.0 / math.pi)
@@ -57,8 +57,7 @@ def mlp_forward(x: Tensor, state: MLPState) -> Tensor:
 
 
 def _setup(q: Tensor, mini_batch_size: int, position_scale: Tensor | None) -> Tensor:
-    if mini_batch_size < 1:
-        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+    check_mini_batch_size(mini_batch_size)
     return q.new_ones(mini_batch_size) if position_scale is None else position_scale
 
 
@@ -132,17 +131,12 @@ def chunk_ttt_mlp(
 
     def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, state: MLPState) -> tuple[Tensor, MLPState]:
         w1, b1, w2, b2 = state
-        size = q_c.shape[2]
         x2, g1, g2 = _grads(k_c, v_c, state)
-        tau_c = tau[:size]
-        tau_read = torch.cat([tau_c.new_zeros(1), tau_c[:-1]]) if prequential else tau_c  # read P_{i-1}
-        eta = (tau_read.unsqueeze(-1) * beta_c.unsqueeze(-2)).masked_fill(
-            ~causal_mask(size, prequential, q_c.device), 0.0
-        )  # E_ij, (B, H, C, C)
+        eta = mini_batch_rates(tau, beta_c, prequential)  # E_ij = tau_i eta_j, (B, H, C, C)
         zq = q_c @ w1 + b1.unsqueeze(2) - (eta * (q_c @ k_c.transpose(-1, -2) + 1.0)) @ g1
         xq = gelu(zq)
         out = xq @ w2 + b2.unsqueeze(2) - (eta * (xq @ x2.transpose(-1, -2) + 1.0)) @ g2
-        last = (tau_c[-1] * beta_c).unsqueeze(-1)  # diag(E_M), (B, H, C, 1)
+        last = (tau[q_c.shape[2] - 1] * beta_c).unsqueeze(-1)  # diag(E_M), (B, H, C, 1)
         new_state = (
             w1 - k_c.transpose(-1, -2) @ (last * g1),
             b1 - (last * g1).sum(2),

@@ -113,10 +113,74 @@ def decay_matrix(b_out: Tensor, b_in: Tensor, strict: bool, feature_dims: int = 
     return diff.masked_fill(~mask, float("-inf")).exp()
 
 
-def zero_state(q: Tensor, v: Tensor) -> Tensor:
-    """A zero state of shape (B, H, K, V) with the dtype and device of ``q``."""
+def start_state(q: Tensor, v: Tensor, initial_state: Tensor | None) -> Tensor:
+    """``initial_state``, or a zero state of shape (B, H, K, V) with the dtype and device of ``q`` if it is None."""
+    if initial_state is not None:
+        return initial_state
     batch, heads, _, key_dim = q.shape
     return q.new_zeros(batch, heads, key_dim, v.shape[-1])
+
+
+def unit_lower_solve(strict_lower: Tensor, left: Tensor, right: Tensor) -> tuple[Tensor, Tensor]:
+    """[W | U] solving (I + A) [W | U] = [left | right], A strictly lower triangular (the WY / UT transform).
+
+    One unit lower-triangular solve, no inverse; the diagonal of ``strict_lower`` is never read.
+
+    Args:
+        strict_lower: A, shape (..., N, N).
+        left: Right-hand side giving W, shape (..., N, K).
+        right: Right-hand side giving U, shape (..., N, V).
+
+    Returns:
+        W of shape (..., N, K) and U of shape (..., N, V).
+    """
+    wu = torch.linalg.solve_triangular(strict_lower, torch.cat([left, right], dim=-1), upper=False, unitriangular=True)
+    return wu.split([left.shape[-1], right.shape[-1]], dim=-1)
+
+
+def masked_read_write(q: Tensor, k: Tensor, u: Tensor, state: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """A chunk's read O = Q S + (Q K^T masked) U and write S + K^T U, for the chunk-start state S.
+
+    Args:
+        q: Queries of the chunk, shape (B, H, C, K).
+        k: Keys of the chunk's writes, shape (B, H, N, K).
+        u: What each write adds (values, or delta-rule errors against S), shape (B, H, N, V).
+        state: S, shape (B, H, K, V).
+        mask: Boolean (C, N), which writes each query reads.
+
+    Returns:
+        Outputs of shape (B, H, C, V) and the state after the chunk, shape (B, H, K, V).
+    """
+    scores = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)  # (B, H, C, N)
+    return q @ state + scores @ u, state + k.transpose(-1, -2) @ u
+
+
+def check_mini_batch_size(mini_batch_size: int) -> None:
+    """Raise ValueError unless ``mini_batch_size`` >= 1."""
+    if mini_batch_size < 1:
+        raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
+
+
+def mini_batch_rates(tau: Tensor, beta: Tensor, prequential: bool) -> Tensor:
+    """E_ij = tau_i eta_j for j <= i (j < i, and tau shifted one row down, if ``prequential``), 0 elsewhere.
+
+    The coefficients of the dual (chunked) form of mini-batch test-time training: read i sees the gradients of tokens
+    j <= i taken at the mini-batch start, scaled by the position scale of the state it reads (W_{i-1} when
+    prequential).
+
+    Args:
+        tau: Position scales tau_1..tau_M, shape (M,), M >= C.
+        beta: Per-token rates eta_j of the mini-batch, shape (B, H, C).
+        prequential: Read the state before token i's update.
+
+    Returns:
+        Tensor of shape (B, H, C, C).
+    """
+    size = beta.shape[-1]
+    tau_c = tau[:size]
+    tau_read = torch.cat([tau_c.new_zeros(1), tau_c[:-1]]) if prequential else tau_c  # read W_{i-1}
+    eta = tau_read.unsqueeze(-1) * beta.unsqueeze(-2)  # (B, H, C, C)
+    return eta.masked_fill(~causal_mask(size, prequential, beta.device), 0.0)
 
 
 def expand_pairs(q: Tensor, k: Tensor, v: Tensor, beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
