@@ -59,7 +59,7 @@ def chunk_delta_rule(
     Example:
         >>> import torch
         >>> from cl_lightning.ops.utils import l2_normalize
-        >>> k = l2_normalize(torch.randn(1, 1, 5, 4, dtype=torch.float64))
+        >>> k = l2_normalize(torch.randn(1, 1, 5, 4, dtype=torch.float64), eps=0.0)  # unit keys: exact writes
         >>> v = torch.randn(1, 1, 5, 3, dtype=torch.float64)
         >>> o, state = chunk_delta_rule(k, k, v, torch.ones(1, 1, 5, dtype=torch.float64), chunk_size=2)
         >>> torch.allclose(o, v)  # beta = 1 and q = k: each value is read back right after its write
