@@ -52,6 +52,13 @@ class RandomInputs:
         base = {"q": self.queries(), "k": self.keys(), "v": self.values(), "beta": self.beta()}
         return {**base, **overrides, "initial_state": overrides.get("initial_state", self.state())}
 
+    def mlp_rule_inputs(self, hidden: int = 6) -> dict[str, Tensor]:
+        """q, k, v, beta (halved) and the parameters w1, b1, w2, b2 of a TTT-MLP state with ``hidden`` units."""
+        b, h, d, v = self.batch, self.heads, self.dim, self.value_dim
+        base = {"q": self.queries(), "k": self.keys(), "v": self.values(), "beta": 0.5 * self.beta()}
+        layer1 = {"w1": self.normal(b, h, d, hidden), "b1": 0.1 * self.normal(b, h, hidden)}
+        return {**base, **layer1, "w2": 0.3 * self.normal(b, h, hidden, v), "b2": 0.1 * self.normal(b, h, v)}
+
 
 @pytest.fixture(autouse=True)
 def _single_thread() -> Iterator[None]:
