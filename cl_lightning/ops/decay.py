@@ -25,7 +25,7 @@ def naive_recurrent_decay_linear_attn(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    g: Tensor,
+    g: Tensor | None,
     beta: Tensor | None = None,
     initial_state: Tensor | None = None,
     prequential: bool = False,
@@ -35,21 +35,9 @@ def naive_recurrent_decay_linear_attn(
     Args:
         q, k, v, beta, initial_state, prequential: As for linear attention, the rule with g = 0
             (:func:`~cl_lightning.ops.linear_attn.naive_recurrent_linear_attn`).
-        g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA).
+        g: Log-space gates g_t <= 0, shape (B, H, T) (scalar gate) or (B, H, T, K) (vector gate, GLA); None means
+            no decay (linear attention runs this code with it).
     """
-    return decay_reference(q, k, v, g, beta, initial_state, prequential)
-
-
-def decay_reference(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor | None,
-    initial_state: Tensor | None,
-    prequential: bool,
-) -> tuple[Tensor, Tensor]:
-    """The token loop of decay and linear attention (``g`` None: no decay), shared by both rules' references."""
     state = start_state(q, v, initial_state)
     if beta is not None:
         v = v * beta.unsqueeze(-1)
@@ -67,7 +55,7 @@ def chunk_decay_linear_attn(
     q: Tensor,
     k: Tensor,
     v: Tensor,
-    g: Tensor,
+    g: Tensor | None,
     beta: Tensor | None = None,
     initial_state: Tensor | None = None,
     prequential: bool = False,
@@ -85,20 +73,6 @@ def chunk_decay_linear_attn(
         >>> tuple(o.shape), tuple(state.shape)
         ((1, 2, 7, 3), (1, 2, 4, 3))
     """
-    return decay_chunked(q, k, v, g, beta, initial_state, prequential, chunk_size)
-
-
-def decay_chunked(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    g: Tensor | None,
-    beta: Tensor | None,
-    initial_state: Tensor | None,
-    prequential: bool,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor]:
-    """The chunked form of decay and linear attention (``g`` None: no decay), shared by both rules."""
     state = start_state(q, v, initial_state)
     if beta is not None:
         v = v * beta.unsqueeze(-1)

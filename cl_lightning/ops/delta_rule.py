@@ -21,7 +21,7 @@ It is the gated delta rule (:mod:`cl_lightning.ops.gated_delta_rule`) with no de
 
 from torch import Tensor
 
-from cl_lightning.ops.gated_delta_rule import gated_delta_chunked, gated_delta_reference
+from cl_lightning.ops.gated_delta_rule import chunk_gated_delta_rule, naive_recurrent_gated_delta_rule
 
 
 def naive_recurrent_delta_rule(
@@ -39,7 +39,7 @@ def naive_recurrent_delta_rule(
         k: Keys, shape (B, H, T, K); L2-normalise them (``l2_normalize``) for a stable write.
         beta: Learning rates beta_t, shape (B, H, T); in (0, 1) for a contractive write, (0, 2) is still stable.
     """
-    return gated_delta_reference(q, k, v, beta, None, initial_state, prequential)
+    return naive_recurrent_gated_delta_rule(q, k, v, beta, None, initial_state, prequential)
 
 
 def chunk_delta_rule(
@@ -65,4 +65,4 @@ def chunk_delta_rule(
         >>> torch.allclose(o, v)  # beta = 1 and q = k: each value is read back right after its write
         True
     """
-    return gated_delta_chunked(q, k, v, beta, None, initial_state, prequential, chunk_size)
+    return chunk_gated_delta_rule(q, k, v, beta, None, initial_state, prequential, chunk_size)

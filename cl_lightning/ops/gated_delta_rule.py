@@ -37,7 +37,7 @@ def naive_recurrent_gated_delta_rule(
     k: Tensor,
     v: Tensor,
     beta: Tensor,
-    g: Tensor,
+    g: Tensor | None,
     initial_state: Tensor | None = None,
     prequential: bool = False,
 ) -> tuple[Tensor, Tensor]:
@@ -46,15 +46,8 @@ def naive_recurrent_gated_delta_rule(
     Args:
         q, k, v, beta, initial_state, prequential: As for the delta rule, the rule with g = 0
             (:func:`~cl_lightning.ops.delta_rule.naive_recurrent_delta_rule`).
-        g: Log-space decay gates g_t <= 0, shape (B, H, T).
+        g: Log-space decay gates g_t <= 0, shape (B, H, T); None means no decay (the delta rule runs this code with it).
     """
-    return gated_delta_reference(q, k, v, beta, g, initial_state, prequential)
-
-
-def gated_delta_reference(
-    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None, initial_state: Tensor | None, prequential: bool
-) -> tuple[Tensor, Tensor]:
-    """The token loop of the gated and plain delta rules (``g`` None: no decay), shared by both rules' references."""
     state = start_state(q, v, initial_state)
 
     def write(t: int, state: Tensor) -> Tensor:  # (decay, then) one LMS step per token
@@ -72,7 +65,7 @@ def chunk_gated_delta_rule(
     k: Tensor,
     v: Tensor,
     beta: Tensor,
-    g: Tensor,
+    g: Tensor | None,
     initial_state: Tensor | None = None,
     prequential: bool = False,
     chunk_size: int = 64,
@@ -89,20 +82,6 @@ def chunk_gated_delta_rule(
         >>> tuple(o.shape), tuple(state.shape)
         ((1, 2, 9, 3), (1, 2, 4, 3))
     """
-    return gated_delta_chunked(q, k, v, beta, g, initial_state, prequential, chunk_size)
-
-
-def gated_delta_chunked(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor | None,
-    initial_state: Tensor | None,
-    prequential: bool,
-    chunk_size: int,
-) -> tuple[Tensor, Tensor]:
-    """The chunked WY/UT form of the gated and plain delta rules (``g`` None: no decay), shared by both rules."""
     state = start_state(q, v, initial_state)
 
     def step(

@@ -17,7 +17,7 @@ It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 
 
 from torch import Tensor
 
-from cl_lightning.ops.decay import decay_chunked, decay_reference
+from cl_lightning.ops.decay import chunk_decay_linear_attn, naive_recurrent_decay_linear_attn
 
 
 def naive_recurrent_linear_attn(
@@ -35,7 +35,7 @@ def naive_recurrent_linear_attn(
         k: Keys, shape (B, H, T, K).
         beta: Write strengths beta_t, shape (B, H, T); None means 1.
     """
-    return decay_reference(q, k, v, None, beta, initial_state, prequential)
+    return naive_recurrent_decay_linear_attn(q, k, v, None, beta, initial_state, prequential)
 
 
 def chunk_linear_attn(
@@ -59,4 +59,4 @@ def chunk_linear_attn(
         >>> tuple(o.shape), tuple(state.shape)
         ((2, 3, 10, 5), (2, 3, 4, 5))
     """
-    return decay_chunked(q, k, v, None, beta, initial_state, prequential, chunk_size)
+    return chunk_decay_linear_attn(q, k, v, None, beta, initial_state, prequential, chunk_size)
