@@ -107,11 +107,15 @@ class SyncRecorder:
             self.events.append(Event(what, _where()))
 
 
-class _Dispatch(TorchDispatchMode):
+class _Recording:
+    """Base of the two torch modes below: each reports to one :class:`SyncRecorder`."""
+
     def __init__(self, rec: SyncRecorder) -> None:
-        super().__init__()
+        super().__init__()  # the torch mode's own __init__, next in the MRO
         self.rec = rec
 
+
+class _Dispatch(_Recording, TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
@@ -126,11 +130,7 @@ class _Dispatch(TorchDispatchMode):
         return out
 
 
-class _Function(TorchFunctionMode):
-    def __init__(self, rec: SyncRecorder) -> None:
-        super().__init__()
-        self.rec = rec
-
+class _Function(_Recording, TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         if func is torch.nn.functional.one_hot and (len(args) > 1 or "num_classes" in kwargs):
