@@ -24,14 +24,9 @@ LossFn = Callable[[Tensor], Tensor]
 
 
 @pytest.fixture(scope="module")
-def mlp_loss() -> tuple[nn.Module, LossFn, Tensor, Tensor]:
+def mlp_loss(make_mlp_loss) -> tuple[nn.Module, LossFn, Tensor, Tensor]:
     """A 5-12-8-3 tanh MLP (203 parameters, float64) with cross-entropy on a fixed batch of 32."""
-    gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 8), nn.Tanh(), nn.Linear(8, 3)).double()
-    x = torch.randn(32, 5, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, 3, (32,), generator=gen)
-    loss_fn, theta = flat_loss(net, cross_entropy, x, y)
+    net, loss_fn, theta = make_mlp_loss((5, 12, 8, 3), 32)
     h_ref = torch.autograd.functional.hessian(loss_fn, theta)  # reverse-over-reverse reference
     return net, loss_fn, theta, h_ref
 

@@ -51,14 +51,9 @@ def test_diagonal_first_moment_is_exact() -> None:
 
 
 @pytest.fixture(scope="module")
-def mlp_hvp() -> tuple:
+def mlp_hvp(make_mlp_loss) -> tuple:
     """A 6-16-12-3 tanh MLP (355 parameters, float64), cross-entropy on 64 points; HVP and exact eigenvalues."""
-    gen = torch.Generator().manual_seed(0)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 12), nn.Tanh(), nn.Linear(12, 3)).double()
-    x = torch.randn(64, 6, generator=gen, dtype=torch.float64)
-    y = torch.randint(0, 3, (64,), generator=gen)
-    loss_fn, theta = flat_loss(net, cross_entropy, x, y)
+    _, loss_fn, theta = make_mlp_loss((6, 16, 12, 3), 64)
     hvp = make_hvp(loss_fn, theta)
     return hvp, theta.numel(), exact_eigvals(hvp, theta.numel()), torch.func.hessian(loss_fn)(theta)
 
