@@ -13,7 +13,9 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps, TaskType
+from cl_lightning.learners import fused
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
+from cl_lightning.nn import fused_steps
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
 
@@ -74,6 +76,19 @@ class Backprop(ContinualLearner):
         loss = self.chunk_loss(batch)
         self.plain_step(loss)
         return loss
+
+    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+        """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`): regression on flat inputs, unless a subclass changed the
+        chunk step (CBP)."""
+        if type(self).learn_chunk is not Backprop.learn_chunk or not isinstance(self.encoder, nn.Flatten):
+            return None
+        adam = fused.fused_adam(self)
+        if adam is None:
+            return None
+        x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
+        preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        return fused.finish_fused(self, adam, preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """The network's predictions on the queries (Backprop has no use for the context)."""
