@@ -93,6 +93,25 @@ def test_a_resumed_fused_run_equals_an_uninterrupted_one(config: str, tmp_path: 
         assert torch.equal(value, resumed.trainer.callback_metrics[name]), name
 
 
+def test_an_optimiser_the_fused_step_cannot_reproduce_falls_back_with_a_warning(tmp_path: Path) -> None:
+    sgd = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.init_args.lr=0.01"]
+    with pytest.warns(UserWarning, match="SGD"):
+        cli = _fit("bp_scr", tmp_path, fused=True, extra=sgd)
+    assert "_flat_adam" not in cli.model.__dict__
+    assert cli.seen["loss"].numel() == 900  # every point learned, chunk by chunk
+
+
+def test_a_forward_hook_keeps_the_autograd_path(tmp_path: Path) -> None:
+    from cl_lightning.cli import main
+
+    cli = main(_args("bp_scr", tmp_path, 64, tasks=1), run=False)
+    calls = []
+    cli.model.net.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert "_flat_adam" not in cli.model.__dict__
+    assert len(calls) >= 300  # the hook saw every training step
+
+
 def test_chunked_stepping_refuses_mixed_precision(tmp_path: Path) -> None:
     from cl_lightning.cli import main
 

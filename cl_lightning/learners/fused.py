@@ -3,8 +3,9 @@ tensor, and the bookkeeping of the steps it took.
 
 A fused step (:mod:`cl_lightning.nn.fused_steps`: hand-written gradients, one fused Adam on a flat tensor) takes the
 place of ``learn_chunk`` on the remaining chunks of a ``StreamSteps`` batch. It applies only where it computes what
-``learn_chunk`` would: a regression task, the configured optimiser one :class:`FlatAdam` reproduces, no forward hook
-on any of the learner's modules (a monitor's hook would not fire), full precision (``learn_steps`` runs only there).
+``learn_chunk`` would: a regression task on the CPU, the configured optimiser one :class:`FlatAdam` reproduces, no
+forward hook on any of the learner's modules (a monitor's hook would not fire), full precision (``learn_steps`` runs
+only there).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ def fused_adam(learner: ContinualLearner) -> FlatAdam | None:
     batch; ``None`` where a fused step must not run (see the module docstring). A refused optimiser is warned of
     once per learner."""
     optimizer = learner._plain_optimizer
-    if learner.task_type != "regression" or optimizer is None:
-        return None
+    if learner.task_type != "regression" or optimizer is None or learner.device.type != "cpu":
+        return None  # bit-exactness is tested on the CPU only (no accelerator was at hand to test it on)
     if any(m._forward_hooks or m._forward_pre_hooks for m in learner.modules()):
         return None
     params = list(learner.parameters())
