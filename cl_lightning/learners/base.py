@@ -171,9 +171,9 @@ class ContinualLearner(LightningModule, ABC):
         raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
 
     def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
-        """Learn chunks ``start..`` of the batch through a fused inner step (the same numbers as :meth:`learn_chunk`
-        on each, to float32 rounding: ``learners/fused.py``) and return their summed loss; ``None`` (the default)
-        where no fused step applies now, and :meth:`learn_chunk` takes chunk ``start``."""
+        """Learn chunks ``start..`` of the batch through a fused inner step (the numbers of :meth:`learn_chunk` on
+        each, bit for bit: ``learners/fused.py``) and return their summed loss; ``None`` (the default) where no fused
+        step applies now, and :meth:`learn_chunk` takes chunk ``start``."""
         return None
 
     def plain_step(self, loss: Tensor) -> None:
