@@ -9,18 +9,23 @@ points trained on. Variants:
 
 - ``before``: the code at ``--before REV`` (``git archive`` into a temporary folder), its own configs: one point per
   Lightning batch, and ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` left as Lightning sets it;
-- ``one point``: this tree, ``--data.steps_per_batch=1`` (the NVML fix and QOA's reused online prediction);
-- ``chunked``: this tree as configured (``steps_per_batch: 100``: 100 predict-then-learn steps per batch);
+- ``one point`` (with ``--one-point``): this tree, ``--data.steps_per_batch=1``;
+- ``autograd``: this tree as configured (``steps_per_batch: 100``) with the fused step off (``fused_steps = False``):
+  100 predict-then-learn steps per batch through autograd and the optimiser, one chunk at a time;
+- ``fused``: this tree as configured: the same steps through ``learn_fused`` (hand-written gradients, one Adam over
+  views of a flat tensor; bit for bit the autograd numbers, ``tests/test_fused_steps.py``);
 - ``floor``: a bare eager loop in this process, the same net, loss and optimiser and the online error kept per
   point (Backprop: MLP 20 -> 40 -> 1, Adam; QOA: scorer [x_j, x_t] 40 -> 20 -> 1 over the 100 previous points,
-  softmax, fused Adam).
+  softmax, fused Adam);
+- ``hand floor``: the fused step's own loop (``nn.fused_steps``) called bare in this process on the same data,
+  no Lightning, no learner, no monitors: what the fused variant would cost with no framework around it.
 
 All variants of a round run back to back, the order reversed every other round (:func:`harness.interleave`).
 ``--pmnist`` adds the Permuted-MNIST demo configs (``configs/quick_demo.yaml``, Backprop and QOA, 3 tasks),
 before vs this tree, so a change for one-point streams shows if it slows chunks of 100.
 
-    python -m benchmarks.scr_step --before 136501d --pmnist [--tasks 2] [--train-size 9000] [--repeats 3]
-        [--out docs/results/scr_speed]
+    python -m benchmarks.scr_step [--before REV] [--pmnist] [--no-scr] [--one-point] [--tasks 2] [--train-size 9000]
+        [--repeats 3] [--out docs/results/scr_speed]
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
+from cl_lightning.nn import MLP, PairScorer
+from cl_lightning.nn.fused_steps import FlatAdam, attention_mse_steps, mlp_mse_steps
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 # The child: one fit, timed per task from the first training batch to the last; prints one JSON line.
@@ -68,7 +75,10 @@ class Timer(Callback):
     def on_train_epoch_end(self, trainer, module):
         self.cpu += self.end - self.start
 
-cli = main(sys.argv[1:], run=False)
+autograd = "--autograd-steps" in sys.argv  # this benchmark's flag: the fused step off
+cli = main([a for a in sys.argv[1:] if a != "--autograd-steps"], run=False)
+if autograd:
+    cli.model.fused_steps = False
 timer = Timer()
 cli.trainer.callbacks.append(timer)
 cli.trainer.fit(cli.model, cli.datamodule)
@@ -82,9 +92,12 @@ LIGHT = ["--callbacks.hessian.init_args.num_queries=10", "--callbacks.plasticity
 PMNIST = {"bp": ["bp_pmnist", "quick_demo"], "qoa": ["qoa_pmnist", "quick_demo", "quick_qoa"]}
 
 
-def _fit_us(root: Path, configs: list[str], overrides: list[str], work: Path) -> float:
-    """µs per training step of one child fit of ``configs`` (from ``root``'s tree and ``configs/``)."""
-    args = [a for c in configs for a in ("--config", str(root / "configs" / f"{c}.yaml"))]
+def _fit_us(root: Path, configs: list[str], overrides: list[str], work: Path, autograd: bool = False) -> float:
+    """µs per training step of one child fit of ``configs`` (from ``root``'s tree and ``configs/``); ``autograd``:
+    with the fused step off."""
+    args = ["--autograd-steps"] * autograd + [
+        a for c in configs for a in ("--config", str(root / "configs" / f"{c}.yaml"))
+    ]
     args += [
         *overrides,
         "--trainer.logger=false",
@@ -141,6 +154,36 @@ def _qoa_floor(points: int, supports: int = 100) -> Callable[[], float]:
     return _floor(torch.optim.Adam(scorer.parameters(), lr=1e-4, fused=True), points, loss_of)
 
 
+def _timed(run: Callable[[], Any], points: int) -> Callable[[], float]:
+    def timed() -> float:
+        start = time.process_time()
+        run()
+        return (time.process_time() - start) / points * 1e6
+
+    return timed
+
+
+def _bp_hand_floor(points: int) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` over ``points`` points."""
+    torch.manual_seed(0)
+    net = MLP(20, 1, [40])
+    x, y = torch.randint(0, 2, (points, 1, 20)).float(), torch.randn(points, 1, 1)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4)
+    adam = FlatAdam().bind(opt, list(net.parameters()))
+    return _timed(lambda: mlp_mse_steps(list(net.layers), adam, x, y), points)
+
+
+def _qoa_hand_floor(points: int, supports: int = 100) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` along ``points`` steps."""
+    torch.manual_seed(0)
+    scorer = PairScorer(20, 0, 20, 0)
+    x, y = torch.randint(0, 2, (points + supports, 20)).float(), torch.randn(points + supports, 1)
+    opt = torch.optim.Adam(scorer.parameters(), lr=1e-4, fused=True)
+    adam = FlatAdam().bind(opt, list(scorer.parameters()))
+    layers = [*scorer.hidden, scorer.out]
+    return _timed(lambda: attention_mse_steps(scorer.first, layers, adam, x, y, supports), points)
+
+
 def _checkout(rev: str, into: Path) -> Path:
     """The tree at ``rev`` (``git archive`` of this repository), extracted under ``into``."""
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
@@ -149,7 +192,7 @@ def _checkout(rev: str, into: Path) -> Path:
     return into
 
 
-def _row(name: str, variant: str, runs: list[float], before: float | None, floor: float | None) -> list[Any]:
+def _row(name: str, variant: str, runs: list[float], before: float | None, floors: list[float | None]) -> list[Any]:
     mid = median(runs)
     return [
         name,
@@ -157,8 +200,29 @@ def _row(name: str, variant: str, runs: list[float], before: float | None, floor
         f"{min(runs):.0f}–{max(runs):.0f}",
         round(mid, 1),
         f"{before / mid:.2f}" if before else "",
-        f"{mid / floor:.2f}" if floor else "",
+        *(f"{mid / floor:.2f}" if floor else "" for floor in floors),
     ]
+
+
+def _scr_variants(
+    scr: list[str], size: int, before: Path | None, work: Path, one_point: bool
+) -> dict[str, Callable[[], float]]:
+    """Every SCR variant by name (the module docstring), each a function timing one run."""
+    variants: dict[str, Callable[[], float]] = {}
+    for name, config in SCR.items():
+        if before is not None:
+            variants[f"scr {name} before"] = lambda c=config: _fit_us(before, [c], scr, work)
+        if one_point:
+            variants[f"scr {name} one point"] = lambda c=config: _fit_us(
+                ROOT, [c], [*scr, "--data.steps_per_batch=1"], work
+            )
+        variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], scr, work, autograd=True)
+        variants[f"scr {name} fused"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
+    variants["scr bp floor"] = _bp_floor(size)
+    variants["scr qoa floor"] = _qoa_floor(size)
+    variants["scr bp hand floor"] = _bp_hand_floor(size)
+    variants["scr qoa hand floor"] = _qoa_hand_floor(size)
+    return variants
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -169,6 +233,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tasks", type=int, default=2, help="SCR tasks per fit")
     p.add_argument("--train-size", type=int, default=9000, help="SCR points per task (paper: 9,000)")
     p.add_argument("--pmnist", action="store_true", help="also time the Permuted-MNIST demo configs (3 tasks)")
+    p.add_argument("--one-point", action="store_true", help="also time one point per Lightning batch")
+    p.add_argument("--no-scr", action="store_true", help="time no SCR variant (with --pmnist: Permuted MNIST only)")
     bench = Bench.start("scr_step", p, argv)
     args = bench.args
     tasks, size, repeats = (2, 300, 1) if args.small else (args.tasks, args.train_size, args.repeats)
@@ -178,16 +244,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         before = _checkout(args.before, work / "before") if args.before else None
-        variants: dict[str, Callable[[], float]] = {}
-        for name, config in SCR.items():
-            if before is not None:
-                variants[f"scr {name} before"] = lambda c=config: _fit_us(before, [c], scr, work)
-            variants[f"scr {name} one point"] = lambda c=config: _fit_us(
-                ROOT, [c], [*scr, "--data.steps_per_batch=1"], work
-            )
-            variants[f"scr {name} chunked"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
-        variants["scr bp floor"] = _bp_floor(size)
-        variants["scr qoa floor"] = _qoa_floor(size)
+        variants = {} if args.no_scr else _scr_variants(scr, size, before, work, args.one_point)
         for name, configs in PMNIST.items() if args.pmnist else ():
             if before is not None:
                 variants[f"pmnist {name} before"] = lambda c=configs: _fit_us(before, c, pmnist, work)
@@ -197,18 +254,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for key, values in runs.items():
         stream, name, variant = key.split(" ", 2)
         ref = runs.get(f"{stream} {name} before")
-        floor = runs.get(f"{stream} {name} floor")
+        floors = [runs.get(f"{stream} {name} {f}") for f in ("floor", "hand floor")]
+        floors = [median(f) if f and variant not in ("floor", "hand floor") else None for f in floors]
         rows.append(
-            _row(
-                f"{stream} {name}",
-                variant,
-                values,
-                median(ref) if ref and variant != "before" else None,
-                median(floor) if floor and variant != "floor" else None,
-            )
+            _row(f"{stream} {name}", variant, values, median(ref) if ref and variant != "before" else None, floors)
         )
-    columns = ["stream, learner", "variant", "µs/step range", "median", "before / this", "this / floor"]
-    notes = [f"{tasks} SCR tasks of {size:,} points per fit, {repeats} interleaved rounds, process CPU time."]
+    columns = [
+        "stream, learner",
+        "variant",
+        "µs/step range",
+        "median",
+        "before / this",
+        "this / floor",
+        "this / hand floor",
+    ]
+    notes = [f"{repeats} interleaved rounds, process CPU time."]
+    if not args.no_scr:
+        notes = [f"{tasks} SCR tasks of {size:,} points per fit, " + notes[0]]
     return bench.finish({"us_per_step": runs, "tasks": tasks, "train_size": size}, columns, rows, notes)
 
 

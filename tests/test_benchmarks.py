@@ -287,6 +287,6 @@ def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossov
 @pytest.mark.slow  # four child fits: 20-60 s on a loaded 2-core machine
 def test_scr_step() -> None:
     runs = _main("scr_step")["us_per_step"]
-    variants = ("one point", "chunked", "floor")
+    variants = ("autograd", "fused", "floor", "hand floor")
     assert set(runs) == {f"scr {learner} {v}" for learner in ("bp", "qoa") for v in variants}
     assert all(len(r) == 1 and 0 < r[0] < 1e6 for r in runs.values())

@@ -49,13 +49,25 @@ def _args(config: str, root: Path, steps: int, tasks: int = 3, extra: list[str] 
     ]  # fmt: skip
 
 
+def _checkpoint_each_task(root: Path) -> list[str]:
+    """Arguments saving a checkpoint after every task, ``root/ckpt/taskepoch=<t>.ckpt``."""
+    return [
+        "--trainer.enable_checkpointing=true",
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.every_n_epochs=1",
+        f"--trainer.callbacks.dirpath={root}/ckpt", "--trainer.callbacks.filename=task{epoch}",
+    ]  # fmt: skip
+
+
 def _recorded_fit(config: str, root: Path, steps: int) -> tuple[Any, dict[str, list[Tensor]]]:
     """Fit through the CLI, recording every online prediction and every task-mean term (training losses) the
-    learner logs, in order (its own methods, called through)."""
+    learner logs, in order (its own methods, called through). Chunk by chunk: the fused step, which logs once per
+    batch, is compared with this path in ``tests/test_fused_steps.py``."""
     from cl_lightning.cli import main
 
     cli = main(_args(config, root, steps), run=False)
     model, seen = cli.model, {"online": [], "loss": []}
+    model.fused_steps = False
     online_fn, mean_fn = model.log_online, model.log_task_mean
 
     def log_online(pred: Tensor, y: Tensor, value: Tensor | None = None) -> None:
@@ -96,13 +108,7 @@ def test_steps_in_one_batch_equal_one_point_per_batch(config: str, tmp_path: Pat
 def test_a_resumed_stepped_run_equals_an_uninterrupted_one(config: str, tmp_path: Path) -> None:
     from cl_lightning.cli import main
 
-    keep = [
-        "--trainer.enable_checkpointing=true",
-        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-        "--trainer.callbacks.save_top_k=-1", "--trainer.callbacks.every_n_epochs=1",
-        f"--trainer.callbacks.dirpath={tmp_path}/ckpt", "--trainer.callbacks.filename=task{epoch}",
-    ]  # fmt: skip
-    straight = main(_args(config, tmp_path / "a", 64, extra=keep), run=False)
+    straight = main(_args(config, tmp_path / "a", 64, extra=_checkpoint_each_task(tmp_path)), run=False)
     straight.trainer.fit(straight.model, straight.datamodule)
     resumed = main(_args(config, tmp_path / "b", 64), run=False)
     resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=str(tmp_path / "ckpt" / "taskepoch=1.ckpt"))

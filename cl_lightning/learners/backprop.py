@@ -12,7 +12,9 @@ from typing import Any, Literal
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners import fused
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.nn import fused_steps
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
 
@@ -68,6 +70,19 @@ class Backprop(ContinualLearner):
         loss = self.chunk_loss(batch)
         self.plain_step(loss)
         return loss
+
+    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+        """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`): regression on flat inputs, unless a subclass changed the
+        chunk step (CBP)."""
+        if type(self).learn_chunk is not Backprop.learn_chunk or not isinstance(self.encoder, nn.Flatten):
+            return None
+        adam = fused.fused_adam(self)
+        if adam is None:
+            return None
+        x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
+        preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        return fused.finish_fused(self, adam, preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """The network's predictions on the queries (Backprop has no use for the context)."""

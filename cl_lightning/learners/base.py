@@ -33,6 +33,9 @@ def _parameters(cls: type) -> dict[str, inspect.Parameter]:
     return dict(inspect.signature(cls.__init__).parameters)
 
 
+FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values learn_steps may run under
+
+
 class ContinualLearner(LightningModule, ABC):
     """A learner on a task stream: one epoch is one task, one training batch is one chunk of the stream.
 
@@ -53,6 +56,7 @@ class ContinualLearner(LightningModule, ABC):
     """
 
     fixed_arguments: ClassVar[tuple[str, ...]] = ()  # a parent's arguments the subclass sets itself (not config keys)
+    fused_steps = True  # learn_steps may hand chunks to learn_fused (an implementation switch, not a hyper-parameter)
 
     def __init__(
         self,
@@ -176,6 +180,11 @@ class ContinualLearner(LightningModule, ABC):
                 raise TypeError(
                     f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1"
                 )
+            if str(self.trainer.precision) not in FULL_PRECISION:  # plain_step runs outside the precision plugin
+                raise ValueError(
+                    f"data.steps_per_batch > 1 steps the optimiser outside Lightning's precision plugin: "
+                    f"trainer.precision {self.trainer.precision!r} needs data.steps_per_batch: 1 (or 32-true / 64-true)"
+                )
             if self.automatic_optimization:  # the first one: global_step goes on from the automatic loop's count
                 self._count_steps(
                     self.trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps
@@ -187,6 +196,12 @@ class ContinualLearner(LightningModule, ABC):
         when no step was taken. What :meth:`learn_steps` runs per chunk; learners that take ``StreamSteps`` define it.
         """
         raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
+
+    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+        """Learn chunks ``start..`` of the batch through a fused inner step (the numbers of :meth:`learn_chunk` on
+        each, bit for bit: ``learners/fused.py``) and return their summed loss; ``None`` (the default) where no fused
+        step applies now, and :meth:`learn_chunk` takes chunk ``start``."""
+        return None
 
     def plain_step(self, loss: Tensor) -> None:
         """One optimiser step on ``loss`` inside :meth:`learn_steps`: the optimiser itself, without Lightning's
@@ -204,7 +219,11 @@ class ContinualLearner(LightningModule, ABC):
         self._deferred, self._deferred_online, self._plain_steps = {}, [], 0
         losses = []
         try:  # a loop over time: each chunk is learned before the next one is predicted
-            for chunk in zip(batch.x.unbind(0), batch.y.unbind(0), batch.task_id.unbind(0), strict=True):
+            for i, chunk in enumerate(zip(batch.x.unbind(0), batch.y.unbind(0), batch.task_id.unbind(0), strict=True)):
+                fused = self.learn_fused(batch, i) if self.fused_steps else None
+                if fused is not None:  # chunks i.. were learned by the fused step
+                    losses.append(fused)
+                    break
                 loss = self.learn_chunk(StreamBatch(*chunk))
                 if loss is not None:
                     losses.append(loss.detach())

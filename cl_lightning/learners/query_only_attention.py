@@ -20,9 +20,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.contract import StreamBatch
+from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners import fused
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
+from cl_lightning.nn import fused_steps
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import prefer_fused
@@ -146,6 +148,26 @@ class QueryOnlyAttention(ReplayLearner):
         self.replay_step(loss)
         self.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
+
+    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+        """Chunks ``start..`` by hand-written scorer gradients and one fused Adam
+        (:func:`~cl_lightning.nn.fused_steps.attention_mse_steps`) once each is its step's query over the
+        ``support_size`` points before it (:meth:`_online_is_the_query`), on regression without labels."""
+        x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
+        if batch.x.shape[1] != 1 or self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
+            return None
+        adam = fused.fused_adam(self) if self._online_is_the_query(x[:1]) else None
+        if adam is None:
+            return None
+        sx, sy = self.memory_support()  # the supports of the first step; each later point joins them
+        window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
+        scorer = self.scorer
+        layers = [*scorer.hidden, scorer.out]
+        preds = fused_steps.attention_mse_steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
+        self._steps += x.shape[0]  # what step_generator would have counted
+        self.steps_taken.add_(x.shape[0])
+        self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
+        return fused.finish_fused(self, adam, preds, y[:, None], 1)
 
     def _online_is_the_query(self, x: Tensor) -> bool:
         """Whether the online prediction of ``x`` equals this step's training prediction: the sliding sampler on a

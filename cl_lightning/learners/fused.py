@@ -1,0 +1,56 @@
+"""What a learner's fused inner step (``ContinualLearner.learn_fused``) shares: the configured Adam bound to one flat
+tensor, and the bookkeeping of the steps it took.
+
+A fused step (:mod:`cl_lightning.nn.fused_steps`: hand-written gradients, one fused Adam on a flat tensor) takes the
+place of ``learn_chunk`` on the remaining chunks of a ``StreamSteps`` batch. It applies only where it computes what
+``learn_chunk`` would: a regression task on the CPU, the configured optimiser one :class:`FlatAdam` reproduces, no
+forward hook on any of the learner's modules (a monitor's hook would not fire), full precision (``learn_steps`` runs
+only there).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from cl_lightning.nn.fused_steps import FlatAdam, adam_refusal
+
+if TYPE_CHECKING:
+    from cl_lightning.learners.base import ContinualLearner
+
+
+def fused_adam(learner: ContinualLearner) -> FlatAdam | None:
+    """The optimiser of the running ``learn_steps`` as one fused Adam over the learner's parameters, bound for this
+    batch; ``None`` where a fused step must not run (see the module docstring). A refused optimiser is warned of
+    once per learner."""
+    optimizer = learner._plain_optimizer
+    if learner.task_type != "regression" or optimizer is None or learner.device.type != "cpu":
+        return None  # bit-exactness is tested on the CPU only (no accelerator was at hand to test it on)
+    if any(m._forward_hooks or m._forward_pre_hooks for m in learner.modules()):
+        return None
+    params = list(learner.parameters())
+    reason = adam_refusal(optimizer, params)
+    if reason is not None:
+        if not learner.__dict__.get("_fused_warned"):
+            learner.__dict__["_fused_warned"] = True
+            warnings.warn(f"{type(learner).__name__}: no fused step ({reason}); learning chunk by chunk", stacklevel=3)
+        return None
+    adam = learner.__dict__.setdefault("_flat_adam", FlatAdam())  # not module state: rebuilt from the optimiser
+    return adam.bind(optimizer, params)
+
+
+def finish_fused(learner: ContinualLearner, adam: FlatAdam, preds: Tensor, y: Tensor, weight: int) -> Tensor:
+    """Book ``T`` fused steps as ``learn_chunk`` would have: the optimiser's step counts, the online predictions
+    ``preds (T, B, k)`` of targets ``y (T, B, k)``, each step's MSE as a ``train/loss`` term of ``weight`` examples,
+    ``T`` optimiser steps; returns the summed losses."""
+    adam.release()
+    steps = preds.shape[0]
+    learner._deferred_online.append((preds.flatten(0, 1), y.flatten(0, 1)))
+    losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))  # (T,): each step's loss
+    values, weights = learner._deferred.setdefault("train/loss", ([], []))
+    values.extend(losses.unbind())
+    weights.extend([weight] * steps)
+    learner._plain_steps += steps
+    return losses.sum()
