@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 import torch
-from test_scr_steps import _args, _checkpoint_each_task, _one_thread  # noqa: F401 (_one_thread: autouse fixture)
+from test_scr_steps import _args, _checkpoint_each_task
 from torch import Tensor, nn
 
 from cl_lightning.nn import MLP, PairScorer
 from cl_lightning.nn.fused_steps import FlatAdam, adam_refusal, attention_mse_steps, mlp_mse_steps
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # the SCR runs compared here, on one thread
 
 TOL = {"rtol": 0, "atol": 0}
 
