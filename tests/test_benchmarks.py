@@ -277,6 +277,15 @@ def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: 
     assert (tmp_path / "reuse_PermutedMNIST.md").exists()
 
 
+def test_lifelong_rule_probe_reads_written_and_unseen_keys(tmp_path: Path) -> None:
+    rows = _module("lifelong_rule").main(["--small", "--out", str(tmp_path)])["rows"]
+    assert len(rows) == 2 + 7  # two references, seven learners
+    assert all(math.isnan(r["written"]) == (r["bytes"] is None) for r in rows)  # references read unseen keys only
+    assert all(r["bytes"] is None or r["bytes"] <= 5328 for r in rows)  # about 5 KB each; TTT-Linear 36 x 37 floats
+    assert all(0 <= r["unseen"] <= 1 for r in rows)
+    assert (tmp_path / "rule.md").exists()
+
+
 def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossover(tmp_path: Path) -> None:
     bench = _module("lifelong_budget")
     log = tmp_path / "run.log"
