@@ -13,7 +13,8 @@ scorecard's stream no key is ever reused, so those levers could only cost. Here 
 - **recurring maps** (``recur_every`` k): every map returns after k tasks; *return recall* is the live accuracy on
   a returning map's queries *before* it is shown again, at its first return (tasks k .. 2k-1) and its last
   (the last k tasks), so a rise measures consolidation over repeated exposures; *first visit* is the accuracy on
-  the same queries right after the map's first showing (tasks 0 .. k-1), what the first return is read against.
+  the same queries right after the map's first showing (tasks 0 .. k-1), what the first return is read against,
+  and *before first visit* the accuracy on a map not yet shown (tasks 1 .. k-1), what nothing kept gives.
 
 ``--streams PermutedMNIST`` runs the recurring case on Permuted MNIST instead (``PermutedMNIST(recur_every=5)``:
 25 tasks of 500 7x7 images in chunks of 100, 200 queries, encoder [256], Adam 3e-4 as the encoder study), where a
@@ -46,9 +47,9 @@ from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 
-METRICS = ("forward", "revised", "stale", "first_visit", "return_first", "return_last")
-COLUMNS = ["stream", "lever", "state bytes", "forward", "revised keys", "stale answers", "first visit",
-           "return recall, first", "last"]  # fmt: skip
+METRICS = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
+COLUMNS = ["stream", "lever", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
+           "first visit", "return recall, first", "last"]  # fmt: skip
 
 
 def lever_specs(hidden: list[int]) -> list[tuple[str, Any]]:
@@ -75,6 +76,18 @@ def _cell(mean: float, std: float) -> str:
     return "-" if mean != mean else f"{mean:.3f} ± {std:.3f}"  # NaN: the stream has no such score
 
 
+def _read_before(task: int, k: int | None, num_tasks: int) -> str | None:
+    """The score a recurring stream's task is read for *before* it is shown: a map not yet seen (tasks 1 .. k-1), its
+    first return (k .. 2k-1), its last (the last k tasks); None otherwise."""
+    if k is None or task == 0:
+        return None
+    if task < k:
+        return "before_first"
+    if task < 2 * k:
+        return "return_first"
+    return "return_last" if task >= num_tasks - k else None
+
+
 def run(spec: Any, stream: TaskStream, seed: int) -> dict[str, float]:
     """One learner over one reuse stream: the metrics of the module docstring (NaN where the stream has none) and
     its context bytes."""
@@ -86,10 +99,11 @@ def run(spec: Any, stream: TaskStream, seed: int) -> dict[str, float]:
     scores: dict[str, list[float]] = {m: [] for m in METRICS}
     for task in range(stream.num_tasks):
         data = stream.task(task)
-        if k is not None and task >= k and (task < 2 * k or task >= stream.num_tasks - k):
+        before = _read_before(task, k, stream.num_tasks)
+        if before is not None:
             with torch.no_grad():
                 pred = learner(data.query_x).argmax(-1)
-            scores["return_first" if task < 2 * k else "return_last"].append(_accuracy(pred, data.query_y))
+            scores[before].append(_accuracy(pred, data.query_y))
         runner.begin_task(task)
         for i in range(stream.num_chunks):
             runner.step(stream.chunk(task, i), i)
@@ -163,7 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
             rows.append(row)
             print(f"{stream_name:<24}{label:<44}" + " ".join(f"{m} {row[m]:.3f}" for m in METRICS), flush=True)
     cells = [[r["stream"], r["lever"], f"{r['bytes']:,}", *(_cell(r[m], r[f"{m}_std"]) for m in METRICS)] for r in rows]
-    table = "\n".join(icl.markdown_table(COLUMNS, "llrrrrrrr", cells))
+    table = "\n".join(icl.markdown_table(COLUMNS, "llrrrrrrrr", cells))
     result = {"rows": rows, "seconds": time.perf_counter() - started, "repeats": args.repeats}
     stem = "reuse" if args.streams == ["AssociativeRecall"] else "reuse_" + "_".join(args.streams)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))

@@ -261,7 +261,9 @@ def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
         assert 0 <= r["forward"] <= 1
         assert math.isnan(r["revised"]) == r["stream"].startswith("recur")
         assert math.isnan(r["return_first"]) == r["stream"].startswith("revise")
-    assert all(math.isnan(r["first_visit"]) == r["stream"].startswith("revise") for r in rows)
+    assert all(
+        math.isnan(r["first_visit"]) == math.isnan(r["before_first"]) == r["stream"].startswith("revise") for r in rows
+    )
     goals = _module("lifelong_goals").main(["--small", "--streams", "AssociativeRecall", "--out", str(tmp_path)])
     assert [r["bytes"] for r in goals["rows"]] == [1000 * 40 + 32 * 4 + 8, 8 * 112 * 40 + 8 * 32 * 4 + 8]
     assert all(r["bytes"] <= goals["budget"] for r in goals["rows"])
@@ -273,7 +275,7 @@ def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: 
     assert [r["bytes"] for r in rows] == [5120] * 6 + [1000 * 40 + 49 * 4 + 8, 8 * 112 * 40 + 8 * 49 * 4 + 8]
     for r in rows:
         assert math.isnan(r["revised"])
-        assert all(0 <= r[m] <= 1 for m in ("forward", "first_visit", "return_first", "return_last"))
+        assert all(0 <= r[m] <= 1 for m in ("forward", "before_first", "first_visit", "return_first", "return_last"))
     assert (tmp_path / "reuse_PermutedMNIST.md").exists()
 
 
