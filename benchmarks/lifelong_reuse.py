@@ -19,7 +19,8 @@ scorecard's stream no key is ever reused, so those levers could only cost. Here 
 ``--streams PermutedMNIST`` runs the recurring case on Permuted MNIST instead (``PermutedMNIST(recur_every=5)``:
 25 tasks of 500 7x7 images in chunks of 100, 200 queries, encoder [256], Adam 3e-4 as the encoder study), where a
 returning task is a classifier, not a handful of associations, and adds StableKeyMemory's two goal settings (about
-40 KB; ``benchmarks.lifelong_goals``).
+40 KB; ``benchmarks.lifelong_goals``) and two at about the levers' bytes (one state of d_k 128, 5,324 B; eight
+routed states of d_k 12, 5,416 B).
 
 Learners: the delta rule (d_k 128) and its Q1 levers at the same 5,120 state bytes — forget gate (gated delta rule),
 weight decay (Titans' retention gate, momentum 0.01, d_k 64), 4 heads x d_k 32 — and the Hebbian pair, linear
@@ -47,6 +48,7 @@ from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 
+MATCHED = {"sign keys, 1 state (d_k 128)": (1, 128), "sign keys, 8 routed states (d_k 12)": (8, 12)}  # ~5 KB
 METRICS = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
 COLUMNS = ["stream", "lever", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
            "first visit", "return recall, first", "last"]  # fmt: skip
@@ -147,6 +149,7 @@ def stream_specs(args: Any) -> dict[str, tuple[Callable[[int], TaskStream], list
         streams["recur k 5"] = (recall(recur_every=recur), levers)
     if "PermutedMNIST" in args.streams:
         levers = lever_specs(pm_hidden) + [(label, goals.spec(label, pm_hidden, 3e-4)) for label in goals.SETTINGS]
+        levers += [(label, goals.spec(label, pm_hidden, 3e-4, shape)) for label, shape in MATCHED.items()]
         for _, spec in levers:
             spec.lr = 3e-4  # configs/delta_rule_pmnist.yaml
         streams["PermutedMNIST recur k 5"] = (pmnist, levers)
