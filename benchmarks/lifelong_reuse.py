@@ -24,7 +24,8 @@ routed states of d_k 12, 5,416 B).
 
 Learners: the delta rule (d_k 128) and its Q1 levers at the same 5,120 state bytes — forget gate (gated delta rule),
 weight decay (Titans' retention gate, momentum 0.01, d_k 64), 4 heads x d_k 32 — and the Hebbian pair, linear
-attention and its decayed form, where forgetting is the only way to replace a value. Mean ± std over seeds.
+attention and its decayed form, where forgetting is the only way to replace a value; and StableKeyMemory with one
+state of d_k 128 (fixed sign keys; 5,640 B with its centroid). Mean ± std over seeds.
 
     OMP_NUM_THREADS=1 python -m benchmarks.lifelong_reuse [--small] [--repeats 5] [--streams ...] [--out DIR]
 
@@ -143,7 +144,8 @@ def stream_specs(args: Any) -> dict[str, tuple[Callable[[int], TaskStream], list
 
     streams = {}
     if "AssociativeRecall" in args.streams:
-        levers = lever_specs(hidden)
+        label = next(iter(MATCHED))  # StableKeyMemory, one state at about the levers' bytes (5,640 B at keys in R^128)
+        levers = [*lever_specs(hidden), (label, goals.spec(label, hidden, 1e-3, MATCHED[label]))]
         streams["revise f 0.25"] = (recall(revise=True, change_fraction=0.25), levers)
         streams["revise f 1.0"] = (recall(revise=True, change_fraction=1.0), levers)
         streams["recur k 5"] = (recall(recur_every=recur), levers)

@@ -256,7 +256,8 @@ def test_lifelong_budget(tmp_path: Path) -> None:
 
 def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
     rows = _module("lifelong_reuse").main(["--small", "--out", str(tmp_path)])["rows"]
-    assert len(rows) == 3 * 6  # three reuse streams x six levers
+    assert len(rows) == 3 * 7  # three reuse streams x six levers and StableKeyMemory
+    assert rows[6]["bytes"] == 128 * 40 + 32 * 4 + 8  # StableKeyMemory's state, centroid and counter (keys in R^32)
     for r in rows:
         assert 0 <= r["forward"] <= 1
         assert math.isnan(r["revised"]) == r["stream"].startswith("recur")
