@@ -9,13 +9,13 @@ random linear map A_t drawn per task, and after the task every learner is read, 
 - *unseen keys*: 128 fresh keys of the same task, never written, labelled by the same rule: a memory that captured
   the rule answers them, one that stores pairs answers them only as far as a nearby written key shares the value.
 
-Learners at about 5,120 bytes of context memory (as ``lifelong_reuse``): the delta rule and the gated delta rule
-(d_k 128), Hebbian linear attention (d_k 128), TTT-Linear (d_k 36), StableKeyMemory (one state of fixed sign keys,
-d_k 128), and kNN (k = 1) and QOA on FIFO buffers of 64 rows; and two references computed on the task's own
-training examples, not learners: *least squares* (the one-hot targets regressed linearly on the keys: what capturing
-a linear rule from these examples gives) and *nearest written pair* (1-NN over the task's n keys: pairs only,
-unbounded). n in {8, 32, 128}; 10 tasks of 256 examples (chunks of 32), scored over tasks 2-9; mean ± std over
-seeds.
+Learners at about 5,120 bytes of context memory (as ``lifelong_reuse``): the delta rule (d_k 128; also with its key
+path frozen at its random init, so that only the fast state learns), the gated delta rule (d_k 128), Hebbian linear
+attention (d_k 128), TTT-Linear (d_k 36), StableKeyMemory (one state of fixed sign keys, d_k 128), and kNN (k = 1)
+and QOA on FIFO buffers of 64 rows; and two references computed on the task's own training examples, not learners:
+*least squares* (the one-hot targets regressed linearly on the keys: what capturing a linear rule from these
+examples gives) and *nearest written pair* (1-NN over the task's n keys: pairs only, unbounded). n in {8, 32, 128};
+10 tasks of 256 examples (chunks of 32), scored over tasks 2-9; mean ± std over seeds.
 
     OMP_NUM_THREADS=1 python -m benchmarks.lifelong_rule [--small] [--repeats 5] [--out DIR]
 
@@ -42,6 +42,7 @@ from cl_lightning.learners.base import ContinualLearner
 
 START = 2  # tasks scored from here on (the slow weights have seen two rules)
 COLUMNS = ["written pairs n", "learner", "context bytes", "written keys", "unseen keys (rule)"]
+FROZEN = "delta rule, encoder frozen at init (d_k 128)"  # only the fast state learns
 REFERENCES = ("least squares on the task's examples", "nearest written pair (1-NN, unbounded)")
 
 
@@ -54,6 +55,7 @@ def learner_specs(hidden: list[int]) -> list[icl.Spec]:
     buffers = {s.name: s for s in icl.nonparametric_specs(hidden)}
     return [
         icl.parametric("delta rule (d_k 128)", hidden, rule="delta_rule", key_dim=128),
+        icl.parametric(FROZEN, hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_random"),
         icl.parametric("gated delta rule (d_k 128)", hidden, rule="gated_delta_rule", key_dim=128),
         icl.parametric("linear attention, Hebbian (d_k 128)", hidden, rule="linear_attn", key_dim=128),
         icl.parametric("TTT-Linear (d_k 36)", hidden, rule="ttt_linear", key_dim=36),
@@ -126,7 +128,7 @@ def main(argv: list[str] | None = None) -> dict:
             runs = [run(spec, stream, seed) for seed, stream in enumerate(streams)]
             rows.append(_row(items, spec.name, runs[0]["bytes"], [r["written"] for r in runs],
                              [r["unseen"] for r in runs]))  # fmt: skip
-        for r in rows[-len(REFERENCES) - 7 :]:
+        for r in rows[-len(REFERENCES) - len(learner_specs(hidden)) :]:
             print(f"n {items:>3} {r['learner']:<40} written {r['written']:.3f}  unseen {r['unseen']:.3f}", flush=True)
     cells = [
         [r["items"], r["learner"], "-" if r["bytes"] is None else f"{r['bytes']:,}"]

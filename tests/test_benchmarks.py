@@ -284,7 +284,7 @@ def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: 
 
 def test_lifelong_rule_probe_reads_written_and_unseen_keys(tmp_path: Path) -> None:
     rows = _module("lifelong_rule").main(["--small", "--out", str(tmp_path)])["rows"]
-    assert len(rows) == 2 + 7  # two references, seven learners
+    assert len(rows) == 2 + 8  # two references, eight learners
     assert all(math.isnan(r["written"]) == (r["bytes"] is None) for r in rows)  # references read unseen keys only
     assert all(r["bytes"] is None or r["bytes"] <= 5328 for r in rows)  # about 5 KB each; TTT-Linear 36 x 37 floats
     assert all(0 <= r["unseen"] <= 1 for r in rows)
