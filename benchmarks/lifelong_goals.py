@@ -35,9 +35,9 @@ SETTINGS = {"sign keys, 1 state (d_k 1,000)": (1, 1000), "sign keys, 8 routed st
 COLUMNS = ["stream", "learner", "context bytes", "forward", "lag 1", "lag 5", "lag 20"]
 
 
-def spec(label: str, hidden: list[int], lr: float) -> icl.Spec:
-    """A StableKeyMemory spec of one of the SETTINGS."""
-    routes, key_dim = SETTINGS[label]
+def spec(label: str, hidden: list[int], lr: float, shape: tuple[int, int] | None = None) -> icl.Spec:
+    """A StableKeyMemory spec of one of the SETTINGS, or of ``shape`` = (routes, d_k) under another label."""
+    routes, key_dim = SETTINGS[label] if shape is None else shape
 
     def make(stream: TaskStream) -> ContinualLearner:
         return StableKeyMemory(input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=hidden,

@@ -84,3 +84,20 @@ def test_a_recurring_map_returns_after_k_tasks_with_fresh_noise(change):
     assert torch.equal(stream.generate(7).train_y, stream.items(7)[1][stream.slots(7)[:256]])
     with pytest.raises(ValueError, match="recur_every"):
         AssociativeRecall(recur_every=0)
+
+
+def test_a_rule_task_queries_unseen_keys_that_a_learner_of_the_rule_answers():
+    stream = AssociativeRecall(num_tasks=4, num_items=128, input_dim=16, train_size=256, rule=True, seed=2)
+    data, (keys, values) = stream.generate(3), stream.items(3)
+    assert torch.equal(values, stream.rule_values(3, keys))  # the written pairs follow the rule
+    assert torch.equal(data.query_y, stream.rule_values(3, data.query_x))  # and so do the queries
+    assert torch.cdist(data.query_x, keys).min() > 0.1  # fresh keys: none of them was written
+    assert not torch.equal(stream.rule_values(2, keys), values)  # each task has its own rule
+    # least squares on the written pairs generalises to the unseen keys (chance 0.1), better than the nearest pair
+    targets = torch.nn.functional.one_hot(data.train_y, 10).float()
+    weights = torch.linalg.lstsq(data.train_x, targets).solution  # (D, C)
+    rule_acc = (data.query_x @ weights).argmax(-1).eq(data.query_y).float().mean()
+    nearest_acc = values[torch.cdist(data.query_x, keys).argmin(-1)].eq(data.query_y).float().mean()
+    assert rule_acc > max(0.4, nearest_acc)
+    with pytest.raises(ValueError, match="rule and revise"):
+        AssociativeRecall(rule=True, revise=True)

@@ -256,14 +256,39 @@ def test_lifelong_budget(tmp_path: Path) -> None:
 
 def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
     rows = _module("lifelong_reuse").main(["--small", "--out", str(tmp_path)])["rows"]
-    assert len(rows) == 3 * 6  # three reuse streams x six levers
+    assert len(rows) == 3 * 7  # three reuse streams x six levers and StableKeyMemory
+    assert rows[6]["bytes"] == 128 * 40 + 32 * 4 + 8  # StableKeyMemory's state, centroid and counter (keys in R^32)
     for r in rows:
         assert 0 <= r["forward"] <= 1
         assert math.isnan(r["revised"]) == r["stream"].startswith("recur")
         assert math.isnan(r["return_first"]) == r["stream"].startswith("revise")
+    assert all(
+        math.isnan(r["first_visit"]) == math.isnan(r["before_first"]) == r["stream"].startswith("revise") for r in rows
+    )
     goals = _module("lifelong_goals").main(["--small", "--streams", "AssociativeRecall", "--out", str(tmp_path)])
     assert [r["bytes"] for r in goals["rows"]] == [1000 * 40 + 32 * 4 + 8, 8 * 112 * 40 + 8 * 32 * 4 + 8]
     assert all(r["bytes"] <= goals["budget"] for r in goals["rows"])
+
+
+def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: Path) -> None:
+    argv = ["--small", "--streams", "PermutedMNIST", "--out", str(tmp_path)]
+    rows = _module("lifelong_reuse").main(argv)["rows"]
+    goal_settings = [1000 * 40 + 49 * 4 + 8, 8 * 112 * 40 + 8 * 49 * 4 + 8]
+    matched = [128 * 40 + 49 * 4 + 8, 8 * 12 * 40 + 8 * 49 * 4 + 8]  # 5,324 and 5,416 B
+    assert [r["bytes"] for r in rows] == [5120] * 6 + goal_settings + matched
+    for r in rows:
+        assert math.isnan(r["revised"])
+        assert all(0 <= r[m] <= 1 for m in ("forward", "before_first", "first_visit", "return_first", "return_last"))
+    assert (tmp_path / "reuse_PermutedMNIST.md").exists()
+
+
+def test_lifelong_rule_probe_reads_written_and_unseen_keys(tmp_path: Path) -> None:
+    rows = _module("lifelong_rule").main(["--small", "--out", str(tmp_path)])["rows"]
+    assert len(rows) == 2 + 8  # two references, eight learners
+    assert all(math.isnan(r["written"]) == (r["bytes"] is None) for r in rows)  # references read unseen keys only
+    assert all(r["bytes"] is None or r["bytes"] <= 5328 for r in rows)  # about 5 KB each; TTT-Linear 36 x 37 floats
+    assert all(0 <= r["unseen"] <= 1 for r in rows)
+    assert (tmp_path / "rule.md").exists()
 
 
 def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossover(tmp_path: Path) -> None:

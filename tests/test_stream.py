@@ -98,3 +98,16 @@ def test_full_resolution_works() -> None:
     s = PermutedMNIST(num_tasks=2, image_size=28, train_size=1000, query_size=100, chunk_size=100)
     assert s.input_shape == (784,)
     assert s.chunk(1, 0).x.shape == (100, 784)
+
+
+def test_recurring_permutations_return_after_k_tasks_with_fresh_images() -> None:
+    stream = PermutedMNIST(num_tasks=12, train_size=100, query_size=20, chunk_size=50, seed=3, recur_every=4)
+    plain = PermutedMNIST(num_tasks=12, train_size=100, query_size=20, chunk_size=50, seed=3)
+    for t in range(12):
+        assert torch.equal(stream.permutation(t), plain.permutation(t % 4))  # task t mod k's permutation
+    assert len({tuple(stream.permutation(t).tolist()) for t in range(4)}) == 4  # k distinct tasks
+    assert not torch.equal(stream.split_indices(5)[0], stream.split_indices(1)[0])  # a return draws new images
+    for a, b in zip(stream.split_indices(1), plain.split_indices(1), strict=True):
+        assert torch.equal(a, b)  # with the same permutation, the first visit is the plain stream's task
+    with pytest.raises(ValueError, match="recur_every"):
+        PermutedMNIST(recur_every=0)

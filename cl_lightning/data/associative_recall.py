@@ -23,6 +23,13 @@ objective: forget gates, weight decay, several heads) should pay (issue 24):
   association must be *forgotten*, since the same key now answers something else.
 - ``recur_every=k`` (recurring maps): task t shows the map of task t mod k (fresh noisy copies), so every map
   returns after k tasks.
+
+One variant probes whether a memory holds *concepts*, not only pairs (the paper's property P1; issue 24):
+
+- ``rule=True``: a task's values follow a rule, value = argmax(A_t key) for a random linear map A_t drawn per
+  (map) task, and its held-out queries are *fresh* keys of the same distribution, never written, labelled by the
+  same rule. A memory that captured A_t answers them; one that stores the written pairs answers them only as far
+  as a nearby written key shares the query's value.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class AssociativeRecall(TaskStream):
         noise: Relative noise of an example around its item (eps has the item's distribution).
         revise: A renewed slot keeps its key and gets a new value (partial revision) instead of a new item.
         recur_every: If set, task t shows the map of task t mod recur_every: maps recur.
+        rule: Values are argmax(A_t key) for a per-task random linear map A_t, and the queries are fresh (unseen)
+            keys labelled by the same rule (not with ``revise``).
         seed: Stream seed.
     """
 
@@ -66,6 +75,7 @@ class AssociativeRecall(TaskStream):
         noise: float = 0.1,
         revise: bool = False,
         recur_every: int | None = None,
+        rule: bool = False,
         seed: int = 0,
     ) -> None:
         super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
@@ -77,6 +87,9 @@ class AssociativeRecall(TaskStream):
             raise ValueError(f"recur_every must be >= 1, got {recur_every}")
         if chunk_size > train_size:
             raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
+        if rule and revise:
+            raise ValueError("rule and revise exclude each other: a revised key's new value would break the rule")
+        self.rule = rule
         self.num_items, self.num_outputs, self.input_shape = num_items, num_classes, (input_dim,)
         self._train_size, self.query_size, self.noise = train_size, query_size, noise
         self.change_fraction, self.revise, self.recur_every = change_fraction, revise, recur_every
@@ -116,7 +129,18 @@ class AssociativeRecall(TaskStream):
             all_values = torch.randint(0, self.num_outputs, (self.num_items,), generator=gen)
             slots = born == s
             keys[slots], values[slots] = all_keys[slots], all_values[slots]
-        return keys, values
+        return keys, self.rule_values(task, keys) if self.rule else values
+
+    def rule_values(self, task: int, keys: torch.Tensor) -> torch.Tensor:
+        """``rule=True``: the values argmax(A_t key) of ``keys`` (N, input_dim) under the rule of ``task``'s map."""
+        gen = task_generator(self.seed, self.map_of(task), salt=17)
+        rule = torch.randn(self.num_outputs, self.input_shape[0], generator=gen)  # A_t, (C, D)
+        return (keys @ rule.T).argmax(-1)
+
+    def unseen_keys(self, task: int) -> torch.Tensor:
+        """``rule=True``: the task's held-out query keys, fresh draws never written, (query_size, input_dim)."""
+        dim = self.input_shape[0]
+        return torch.randn(self.query_size, dim, generator=task_generator(self.seed, task, salt=19)) / dim**0.5
 
     def slots(self, task: int) -> torch.Tensor:
         """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``."""
@@ -132,4 +156,7 @@ class AssociativeRecall(TaskStream):
         x = keys[idx] + self.noise * torch.randn(n, self.input_shape[0], generator=gen) / self.input_shape[0] ** 0.5
         y = values[idx]
         k = self._train_size
+        if self.rule:  # the queries: unseen keys under the task's rule
+            unseen = self.unseen_keys(task)
+            return TaskData(x[:k], y[:k], unseen, self.rule_values(task, unseen))
         return TaskData(x[:k], y[:k], x[k:], y[k:])

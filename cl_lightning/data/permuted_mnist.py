@@ -3,6 +3,9 @@
 MNIST training images resized to ``image_size``² (7×7 by default, PIL-style bilinear) in [0, 1], flattened; each
 task draws a new pixel permutation and a new order of the 60,000 images: the first ``train_size`` form the
 training stream (chunks of ``chunk_size``), the last ``query_size`` are held out as that task's queries.
+
+With ``recur_every=k`` the permutations recur (issue 24: a stream whose old tasks return): task t uses the
+permutation of task t mod k, with its own fresh draw of images, so an old task comes back every k tasks.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ class PermutedMNIST(TaskStream):
         download: Let torchvision download MNIST into ``data_root`` if it is missing there.
         warmup_tasks: The first tasks, trained on their ``train_size + query_size`` images (training stream, then
             the held-out ones) and never evaluated (paper: 5, each on all 60,000: 150 chunks of 400; default 0).
+        recur_every: If set, task t uses the permutation of task t mod recur_every (a fresh draw of images): every
+            permutation returns after recur_every tasks. None (default): a new permutation per task.
     """
 
     task_type = "classification"
@@ -46,6 +51,7 @@ class PermutedMNIST(TaskStream):
         data_root: str | None = None,
         download: bool = False,
         warmup_tasks: int = 0,
+        recur_every: int | None = None,
     ) -> None:
         super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
         if image_size < 1 or image_size > 28:
@@ -56,6 +62,9 @@ class PermutedMNIST(TaskStream):
             raise ValueError(f"train_size + query_size = {train_size + query_size} exceeds MNIST's 60,000 images")
         if chunk_size > train_size:
             raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
+        if recur_every is not None and recur_every < 1:
+            raise ValueError(f"recur_every must be >= 1, got {recur_every}")
+        self.recur_every = recur_every
         self.image_size = image_size
         self.input_shape = (image_size * image_size,)
         self._train_size = train_size
@@ -83,8 +92,9 @@ class PermutedMNIST(TaskStream):
         return self._images, self._labels
 
     def permutation(self, task: int) -> Tensor:
-        """The pixel permutation of ``task`` (a fresh uniform permutation per task)."""
-        return torch.randperm(self.input_shape[0], generator=task_generator(self.seed, task, salt=1))
+        """The pixel permutation of ``task`` (a fresh uniform permutation per task; task mod ``recur_every``'s)."""
+        source = task if self.recur_every is None else task % self.recur_every
+        return torch.randperm(self.input_shape[0], generator=task_generator(self.seed, source, salt=1))
 
     def split_indices(self, task: int) -> tuple[Tensor, Tensor]:
         """MNIST indices of ``task``'s training stream (arrival order) and of its held-out queries (disjoint)."""
