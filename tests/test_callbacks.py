@@ -318,3 +318,35 @@ def test_forgetting_monitor_recent_means_skip_unmeasured_tasks() -> None:
     assert monitor.recent_means(3) == {"forward": (pytest.approx(0.3), 3), "backward": (0.5, 2)}
     monitor.backward[:] = float("nan")
     assert monitor.recent_means(10) == {"forward": (pytest.approx(0.25), 4)}
+
+
+@pytest.mark.parametrize("num_hidden_layers", [0, 2])
+def test_plasticity_probe_of_qoa_sees_the_scorer_first_layer(num_hidden_layers: int) -> None:
+    """QOA's scorer computes its first layer from the weights (query and support parts added): a probe hooks the
+    first layer all the same (the slowly-changing-regression scorer has no other hidden layer), with the same
+    scores as unwatched."""
+    torch.manual_seed(0)
+    model = QueryOnlyAttention(
+        input_shape=(6,),
+        num_outputs=1,
+        task_type="regression",
+        hidden=8,
+        num_hidden_layers=num_hidden_layers,
+        use_labels=False,
+        memory_size=20,
+        support_size=10,
+    )
+    sx, sy, qx = torch.randn(10, 6), torch.randn(10, 1), torch.randn(7, 6)
+    with torch.no_grad():
+        unwatched = model.predict_episode(sx, sy, qx)
+    feats = PlasticityMonitor(max_rows=1000).features(model, [sx, sy, qx, None])
+    assert (
+        set(feats)
+        == set(model.probe_layers())
+        == {"scorer.first"} | {f"scorer.hidden.{i}" for i in range(num_hidden_layers)}
+    )
+    assert feats["scorer.first"].shape == (7 * 10, 8)  # one row per (query, support) pair
+    handle = model.scorer.first.register_forward_hook(lambda *_: None)
+    with torch.no_grad():
+        torch.testing.assert_close(model.predict_episode(sx, sy, qx), unwatched)
+    handle.remove()

@@ -132,7 +132,7 @@ class PairScorer(nn.Module):
         return torch.addmm(self.first.bias, query_x, w[:, self.x_dim : 2 * self.x_dim].T)
 
     def _hooked(self) -> bool:
-        return any(m._forward_hooks or m._forward_pre_hooks for m in (*self.hidden, self.out))
+        return any(m._forward_hooks or m._forward_pre_hooks for m in (self.first, *self.hidden, self.out))
 
     def forward(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:
         """Raw scores of all pairs: ``(Q, D), (S, D), (S,) -> (Q, S)``.
@@ -150,7 +150,11 @@ class PairScorer(nn.Module):
         if not needs_grad:  # hooked evaluation (a monitor watches the layers): cache-sized blocks as score_blocked
             budget = self.block_pairs or tuned_block_pairs(a.shape[1], len(self.hidden), a.device, a.dtype)
         step = max(1, budget // max(1, support_x.shape[0]))
-        parts = [self.tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
+        if self.first._forward_hooks or self.first._forward_pre_hooks:  # a monitor watches the first layer: it runs
+            # as a module on explicit pairs, so its hooks see them (slower; only while a monitor probes)
+            parts = [self.forward_concat(q, support_x, support_y) for q in query_x.split(step)]
+        else:
+            parts = [self.tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
     def _compute_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
