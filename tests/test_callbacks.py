@@ -326,15 +326,9 @@ def test_plasticity_probe_of_qoa_sees_the_scorer_first_layer(num_hidden_layers: 
     first layer all the same (the slowly-changing-regression scorer has no other hidden layer), with the same
     scores as unwatched."""
     torch.manual_seed(0)
+    shapes = {"input_shape": (6,), "num_outputs": 1, "task_type": "regression"}
     model = QueryOnlyAttention(
-        input_shape=(6,),
-        num_outputs=1,
-        task_type="regression",
-        hidden=8,
-        num_hidden_layers=num_hidden_layers,
-        use_labels=False,
-        memory_size=20,
-        support_size=10,
+        **shapes, hidden=8, num_hidden_layers=num_hidden_layers, use_labels=False, memory_size=20, support_size=10
     )
     sx, sy, qx = torch.randn(10, 6), torch.randn(10, 1), torch.randn(7, 6)
     with torch.no_grad():
