@@ -50,7 +50,9 @@ def learner_specs(hidden: list[int]) -> list[icl.Spec]:
     """The parametric rules, StableKeyMemory and the two buffers, each at about 5,120 context bytes."""
 
     def stable_keys(stream: TaskStream) -> ContinualLearner:
-        return StableKeyMemory(stream.input_shape, stream.num_outputs, hidden_sizes=hidden, routes=1, key_dim=128)
+        return StableKeyMemory(
+            input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=hidden, routes=1, key_dim=128
+        )
 
     buffers = {s.name: s for s in icl.nonparametric_specs(hidden)}
     return [
