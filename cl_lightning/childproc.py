@@ -3,7 +3,9 @@
 A trial's ``fit`` runs in a child process (:mod:`cl_lightning.sweep`). :func:`die_with_parent` (Linux) makes the
 child receive SIGTERM when the process that started it dies, so a killed sweep leaves no orphaned fit writing into
 a trial folder. Inside :func:`passing_signals`, a SIGTERM or SIGINT to the sweep is recorded (:func:`received`)
-and passed to the child :func:`wait_passing_signals` is waiting for; the fit then stops between two steps.
+and passed to the child :func:`wait_passing_signals` is waiting for; the fit then stops between two steps. Where
+the signal cannot reach the process waiting (a Ray worker, on this machine or another), the sweep writes a stop
+request file instead, which the wait polls for and answers with SIGTERM to the child.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ import resource
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+from pathlib import Path
 from types import FrameType
 
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # resolved before forking
@@ -43,7 +47,7 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 def passing_signals() -> Iterator[None]:
     """While inside: SIGTERM / SIGINT are recorded and passed to the waited-for child instead of ending this process."""
     _state["signum"] = None
-    handlers = {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    handlers = catch_signals()
     try:
         yield
     finally:
@@ -51,13 +55,41 @@ def passing_signals() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def wait_passing_signals(proc: subprocess.Popen) -> tuple[int, resource.struct_rusage]:
-    """Wait for ``proc`` (its ``os.wait4`` status and resource usage), passing it a signal received meanwhile."""
+def catch_signals() -> dict[int, object]:
+    """Record SIGTERM / SIGINT (and pass them on) from now on; returns the handlers replaced. Call it again after
+    something installed its own (``ray.init`` does, for SIGTERM)."""
+    return {sig: signal.signal(sig, _on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+
+def catching() -> bool:
+    """Whether SIGTERM is being recorded and passed on (inside :func:`passing_signals`)."""
+    return signal.getsignal(signal.SIGTERM) is _on_signal
+
+
+def _kill(pid: int, signum: int) -> None:
+    """``os.kill`` that ignores a child already gone (``Popen.send_signal`` would reap it, failing the wait)."""
+    with suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def wait_passing_signals(proc: subprocess.Popen, stop_file: Path | None = None) -> tuple[int, resource.struct_rusage]:
+    """Wait for ``proc`` (its ``os.wait4`` status and resource usage), passing it a signal received meanwhile, and
+    SIGTERM once ``stop_file`` exists (polled every 0.2 s)."""
     _state["child"] = proc.pid
     try:
         if _state["signum"] is not None:  # the signal came while the child was starting
-            proc.send_signal(_state["signum"])
-        _, status, usage = os.wait4(proc.pid, 0)
+            _kill(proc.pid, _state["signum"])
+        if stop_file is None:
+            _, status, usage = os.wait4(proc.pid, 0)
+            return status, usage
+        asked = False
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                return status, usage
+            if not asked and stop_file.exists():
+                asked = True
+                _kill(proc.pid, signal.SIGTERM)
+            time.sleep(0.2)
     finally:
         _state["child"] = None
-    return status, usage

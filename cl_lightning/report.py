@@ -207,7 +207,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
             mean, std, _ = last_value(exp.rows(f"forgetting/{what}")[done])  # R of finished runs only
             row |= {f"{what}_mean": mean, f"{what}_std": std}
         walls = [sum(a["wall_seconds"] for a in r["attempts"]) for r in exp.records if r.get("status") == "finished"]
-        peaks = [max(a["peak_rss_bytes"] for a in r["attempts"]) for r in exp.records if r.get("attempts")]
+        peaks = [max(a["peak_rss_bytes"] or 0 for a in r["attempts"]) for r in exp.records if r.get("attempts")]
         train = exp.rows("cost/task_seconds")
         stream_tasks = exp.num_evaluated_tasks + exp.warmup_tasks  # a warm-up task costs its training time too
         row["seconds_per_task"] = float(np.mean(walls)) / stream_tasks if walls else math.nan
@@ -220,7 +220,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
 
 
 def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
-    """Write ``table.csv`` and ``table.md``; return the Markdown."""
+    """Write ``table.csv``; return the Markdown of ``table.md`` (``main`` writes it once, with the window table)."""
     with open(out / "table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -249,9 +249,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         "at its full length: they compare with a run of the same length only. Departures: resolved config values "
         "the runs change from their experiment's paper config (`departures.md`).\n"
     )
-    text = "\n".join(lines) + "\n" + notes
-    (out / "table.md").write_text(text)
-    return text
+    return "\n".join(lines) + "\n" + notes
 
 
 def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
@@ -327,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     windows = window_table(experiments, paper)
     if windows:
         text += "\n" + windows
-        (out / "table.md").write_text(text)
+    (out / "table.md").write_text(text)
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", found, *figures]))

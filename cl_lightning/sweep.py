@@ -3,7 +3,8 @@
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
 into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
 reached the last task; ``trial.json`` then says so, and a re-run skips it. An unfinished or ``stopped`` trial (its
-fit got SIGTERM / SIGINT, which a signal to the sweep passes on) resumes from ``checkpoints/last.ckpt``. Two sweeps
+fit got SIGTERM / SIGINT, which a signal to the sweep passes on; on Ray through a ``stop.request`` file in the trial
+folder) resumes from ``checkpoints/last.ckpt``. Two sweeps
 never run one trial at once (``trial.lock``, :mod:`cl_lightning.runfolder`).
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
@@ -29,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from cl_lightning import childproc
 from cl_lightning.childproc import die_with_parent as _die_with_parent
 from cl_lightning.childproc import passing_signals, received, wait_passing_signals
 from cl_lightning.errors import OneLineParser, UsageError
@@ -38,6 +40,7 @@ from cl_lightning.suite import Suite, Trial, load_suite
 FINISHED = "finished"
 STOPPED = "stopped"
 TRIAL_LOCK = "trial.lock"
+STOP_REQUEST = "stop.request"  # written into a trial folder by a stopping sweep on Ray (request_stop)
 _STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SIGTERM / SIGINT
 
 
@@ -82,9 +85,20 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     except RunInUse as busy:
         return {**asdict(trial), "status": "in use", "skipped": True, "reason": str(busy)}
     try:
+        if (log_dir / STOP_REQUEST).exists():  # queued on Ray when the sweep was stopped
+            return {**asdict(trial), "status": STOPPED, "skipped": True, "reason": "the sweep was stopped"}
         return _attempt(trial, root, threads, cwd)
     finally:
+        (log_dir / STOP_REQUEST).unlink(missing_ok=True)
         release(log_dir, TRIAL_LOCK)
+
+
+def request_stop(trial: Trial, root: str | Path) -> None:
+    """Ask the process running (or about to run) the trial to stop its fit, wherever it runs (a file in the trial
+    folder, which :func:`run_trial` polls: a signal to the sweep cannot reach a Ray worker's children)."""
+    log_dir = trial.log_dir(root)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    (log_dir / STOP_REQUEST).touch()
 
 
 def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> dict[str, Any]:
@@ -110,7 +124,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
         )
-        status, usage = wait_passing_signals(proc)
+        status, usage = wait_passing_signals(proc, log_dir / STOP_REQUEST)
     proc.returncode = os.waitstatus_to_exitcode(status)
     attempt = {
         "start": start,
@@ -163,6 +177,7 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
     """Run the trials as Ray tasks, each holding ``cpus`` cores and ``gpus`` GPUs while it runs."""
     import ray  # optional dependency
 
+    catching = childproc.catching()
     package_root = str(Path(__file__).resolve().parent.parent)  # so workers import this package, installed or not
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     ray.init(
@@ -171,15 +186,19 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": path}},
     )
+    if catching:
+        childproc.catch_signals()  # ray.init replaced the SIGTERM handler of passing_signals
     try:
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_trial)
-        root, cwd = str(Path(root).resolve()), str(Path.cwd())
+        root, cwd, stopping = str(Path(root).resolve()), str(Path.cwd()), False
         pending = {remote.remote(t, root, cpus, cwd): t for t in trials}
         records = []
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a timeout lets a signal through
-            if received() is not None:
-                break  # shutting Ray down sends the running fits SIGTERM (PR_SET_PDEATHSIG): they stop cleanly
+            if received() is not None and not stopping:  # the fits stop between two steps; their records come in
+                stopping = True
+                for t in pending.values():
+                    request_stop(t, root)
             if not ready:
                 continue
             trial = pending.pop(ready[0])
@@ -269,6 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     todo = [t for t in trials if trial_state(t, opts.root) != FINISHED]
+    for t in todo:  # left by a sweep killed while it was stopping
+        (t.log_dir(opts.root) / STOP_REQUEST).unlink(missing_ok=True)
     print(f"suite {suite.name}: {len(trials)} trials, {len(todo)} to run, logs in {suite_dir}", flush=True)
     for t in trials:
         if t not in todo:

@@ -200,6 +200,36 @@ def test_two_trials_through_ray_on_cpu(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_sigterm_to_a_ray_sweep_records_the_stopped_trial(tmp_path: Path) -> None:
+    """On Ray a SIGTERM to the sweep cancels the running trial: its fit stops cleanly and its attempt is recorded
+    (``stopped``, with its wall time), and running the sweep again finishes it from the checkpoint."""
+    pytest.importorskip("ray")
+    suite = _suite(tmp_path, [0], tasks=60, experiments=("a",))
+    root = tmp_path / "logs"
+    a_dir = root / "toy" / "a" / "seed_0"
+    cmd = [sys.executable, "-m", "cl_lightning", "sweep", str(suite), "--root", str(root), "--cpus-per-trial", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not (a_dir / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out
+    record = json.loads((a_dir / "trial.json").read_text())
+    assert record["status"] == "stopped", out
+    assert record["last_task"] < 59
+    assert record["attempts"][-1]["wall_seconds"] > 0
+    assert "a/seed_0: stopped" in out
+
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    record = json.loads((a_dir / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    assert not (a_dir / "stop.request").exists()
+
+
+@pytest.mark.slow
 def test_killed_sweep_rerun_skips_finished_and_resumes_unfinished(tmp_path: Path) -> None:
     suite = _suite(tmp_path, [0], tasks=4, experiments=("a",))
     # b: the same run, 40 tasks, so there is time to kill it after a checkpoint
