@@ -1,5 +1,6 @@
-"""Slowly changing regression: µs per training step of Backprop and QOA with the configured monitors, before and
-after chunked stepping, beside a bare PyTorch loop; and the Permuted-MNIST step time before and after.
+"""Slowly changing regression: µs per training step of Backprop, QOA and Continual Backprop with the configured
+monitors, before and after chunked stepping, beside a bare PyTorch loop; and the Permuted-MNIST step time before and
+after.
 
 Every Lightning variant is one ``fit`` of the experiment config in a child process on one thread, its monitors as
 configured (forgetting, plasticity, Hessian, cost; no checkpoint, no logger). The child times, in process CPU
@@ -16,7 +17,8 @@ points trained on. Variants:
   views of a flat tensor; bit for bit the autograd numbers, ``tests/test_fused_steps.py``);
 - ``floor``: a bare eager loop in this process, the same net, loss and optimiser and the online error kept per
   point (Backprop: MLP 20 -> 40 -> 1, Adam; QOA: scorer [x_j, x_t] 40 -> 20 -> 1 over the 100 previous points,
-  softmax, fused Adam);
+  softmax, fused Adam; CBP: Backprop's net with AdamGnT and generate-and-test after each step, replacement rate
+  1e-3, maturity 10);
 - ``hand floor``: the fused step's own loop (``nn.fused_steps``) called bare in this process on the same data,
   no Lightning, no learner, no monitors: what the fused variant would cost with no framework around it.
 
@@ -24,12 +26,15 @@ All variants of a round run back to back, the order reversed every other round (
 ``--pmnist`` adds the Permuted-MNIST demo configs (``configs/quick_demo.yaml``, Backprop and QOA, 3 tasks),
 before vs this tree, so a change for one-point streams shows if it slows chunks of 100.
 
-    python -m benchmarks.scr_step [--before REV] [--pmnist] [--no-scr] [--one-point] [--tasks 2] [--train-size 9000]
-        [--repeats 3] [--out docs/results/scr_speed]
+``--learners`` picks whose child fits run (default all three; ``--small``: Backprop's); the floors run for each.
+
+    python -m benchmarks.scr_step [--before REV] [--pmnist] [--no-scr] [--one-point] [--learners bp qoa cbp]
+        [--tasks 2] [--train-size 9000] [--repeats 3] [--out docs/results/scr_speed]
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -45,8 +50,9 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
-from cl_lightning.nn import MLP, PairScorer
-from cl_lightning.nn.fused_steps import FlatAdam, attention_mse_steps, mlp_mse_steps
+from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer
+from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
+from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_mse_steps
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 # The child: one fit, timed per task from the first training batch to the last; prints one JSON line.
@@ -85,7 +91,7 @@ cli.trainer.fit(cli.model, cli.datamodule)
 print(json.dumps({"us_per_step": timer.cpu / timer.points * 1e6, "points": timer.points}))
 """
 
-SCR = {"bp": "bp_scr", "qoa": "qoa_scr"}
+SCR = {"bp": "bp_scr", "qoa": "qoa_scr", "cbp": "cbp_scr"}
 # Every configured monitor stays (the same per-batch hook dispatch); their once-per-task probes, which the per-step
 # time leaves out, are made small so a fit ends sooner on a loaded machine.
 LIGHT = ["--callbacks.hessian.init_args.num_queries=10", "--callbacks.plasticity.init_args.probe_size=100"]
@@ -116,9 +122,15 @@ def _fit_us(root: Path, configs: list[str], overrides: list[str], work: Path, au
     return json.loads(done.stdout.strip().splitlines()[-1])["us_per_step"]
 
 
-def _floor(opt: torch.optim.Optimizer, points: int, loss_of: Callable[[int], Tensor]) -> Callable[[], float]:
+def _floor(
+    opt: torch.optim.Optimizer,
+    points: int,
+    loss_of: Callable[[int], Tensor],
+    after_step: Callable[[int], object] | None = None,
+) -> Callable[[], float]:
     """A bare eager loop over ``points`` steps: the loss of point ``i`` (its prediction made first), its online error
-    kept, one optimiser step; returns a function timing one pass (µs per step, process CPU time)."""
+    kept, one optimiser step, then ``after_step(i)`` if given; returns a function timing one pass (µs per step,
+    process CPU time)."""
     errors = torch.empty(points)
 
     def run() -> float:
@@ -129,6 +141,8 @@ def _floor(opt: torch.optim.Optimizer, points: int, loss_of: Callable[[int], Ten
             opt.zero_grad()
             loss.backward()
             opt.step()
+            if after_step is not None:
+                after_step(i)
         return (time.process_time() - start) / points * 1e6
 
     return run
@@ -152,6 +166,26 @@ def _qoa_floor(points: int, supports: int = 100) -> Callable[[], float]:
         return (scores.softmax(0) @ sy - y[i + supports]).pow(2).mean()
 
     return _floor(torch.optim.Adam(scorer.parameters(), lr=1e-4, fused=True), points, loss_of)
+
+
+def _gnt() -> GenerateAndTest:
+    """cbp_scr's generate-and-test on its 40 hidden units (``configs/cbp_scr.yaml``)."""
+    return GenerateAndTest([40], replacement_rate=1e-3, maturity_threshold=10)
+
+
+def _cbp_floor(points: int) -> Callable[[], float]:
+    torch.manual_seed(0)
+    net, gnt, features = MLP(20, 1, [40]), _gnt(), []
+    layers = list(net.layers)
+    x, y = torch.randint(0, 2, (points, 1, 20)).float(), torch.randn(points, 1, 1)
+    opt = AdamGnT(net.parameters(), lr=1e-4)
+
+    def loss_of(i: int) -> Tensor:
+        h = layers[0](x[i]).relu()  # (1, 40): the features generate-and-test reads after the step
+        features[:] = [h.detach()]
+        return (layers[1](h) - y[i]).pow(2).mean()
+
+    return _floor(opt, points, loss_of, lambda i: gnt.step(layers, features, opt, torch.Generator().manual_seed(i)))
 
 
 def _timed(run: Callable[[], Any], points: int) -> Callable[[], float]:
@@ -184,6 +218,22 @@ def _qoa_hand_floor(points: int, supports: int = 100) -> Callable[[], float]:
     return _timed(lambda: attention_mse_steps(scorer.first, layers, adam, x, y, supports), points)
 
 
+def _cbp_hand_floor(points: int) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` with AdamGnT on a flat tensor
+    and generate-and-test after each update."""
+    torch.manual_seed(0)
+    net, gnt, draws = MLP(20, 1, [40]), _gnt(), itertools.count()
+    layers = list(net.layers)
+    x, y = torch.randint(0, 2, (points, 1, 20)).float(), torch.randn(points, 1, 1)
+    opt = AdamGnT(net.parameters(), lr=1e-4)
+    adam = FlatAdamGnT().bind(opt, list(net.parameters()))
+
+    def generate_and_test(features: list[Tensor]) -> None:
+        gnt.step(layers, features, opt, torch.Generator().manual_seed(next(draws)))
+
+    return _timed(lambda: mlp_mse_steps(layers, adam, x, y, generate_and_test), points)
+
+
 def _checkout(rev: str, into: Path) -> Path:
     """The tree at ``rev`` (``git archive`` of this repository), extracted under ``into``."""
     archive = subprocess.run(["git", "archive", rev], cwd=ROOT, capture_output=True, check=True).stdout
@@ -204,11 +254,24 @@ def _row(name: str, variant: str, runs: list[float], before: float | None, floor
     ]
 
 
+_FLOORS = {
+    "bp": (_bp_floor, _bp_hand_floor),
+    "qoa": (_qoa_floor, _qoa_hand_floor),
+    "cbp": (_cbp_floor, _cbp_hand_floor),
+}
+
+
 def _scr_variants(
-    scr: list[str], size: int, before: Path | None, work: Path, one_point: bool, fits: tuple[str, ...] = tuple(SCR)
+    scr: list[str],
+    size: int,
+    before: Path | None,
+    work: Path,
+    one_point: bool,
+    fits: tuple[str, ...] = tuple(SCR),
+    floors: tuple[str, ...] = tuple(SCR),
 ) -> dict[str, Callable[[], float]]:
     """Every SCR variant by name (the module docstring), each a function timing one run; child fits of the learners
-    in ``fits`` only (the floors run in this process for both)."""
+    in ``fits`` only, the floors (in this process) of those in ``floors``."""
     variants: dict[str, Callable[[], float]] = {}
     for name, config in SCR.items():
         if name not in fits:
@@ -221,15 +284,15 @@ def _scr_variants(
             )
         variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], scr, work, autograd=True)
         variants[f"scr {name} fused"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
-    variants["scr bp floor"] = _bp_floor(size)
-    variants["scr qoa floor"] = _qoa_floor(size)
-    variants["scr bp hand floor"] = _bp_hand_floor(size)
-    variants["scr qoa hand floor"] = _qoa_hand_floor(size)
+    for name in floors:
+        floor, hand_floor = _FLOORS[name]
+        variants[f"scr {name} floor"] = floor(size)
+        variants[f"scr {name} hand floor"] = hand_floor(size)
     return variants
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Time every variant of Backprop and QOA on slowly changing regression (and Permuted MNIST with ``--pmnist``),
+    """Time every variant of Backprop, QOA and CBP on slowly changing regression (and Permuted MNIST with ``--pmnist``),
     interleaved; return µs per training step by learner and variant."""
     p = parser(__doc__, repeats=3)
     p.add_argument("--before", default=None, help="git revision of the pre-change code (default: not timed)")
@@ -238,6 +301,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--pmnist", action="store_true", help="also time the Permuted-MNIST demo configs (3 tasks)")
     p.add_argument("--one-point", action="store_true", help="also time one point per Lightning batch")
     p.add_argument("--no-scr", action="store_true", help="time no SCR variant (with --pmnist: Permuted MNIST only)")
+    p.add_argument("--learners", nargs="+", choices=list(SCR), default=list(SCR), help="SCR learners to time")
     bench = Bench.start("scr_step", p, argv)
     args = bench.args
     tasks, size, repeats = (1, 200, 1) if args.small else (args.tasks, args.train_size, args.repeats)
@@ -247,8 +311,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         before = _checkout(args.before, work / "before") if args.before else None
-        fits = ("bp",) if args.small else tuple(SCR)  # --small: Backprop's two child fits (the tests' budget)
-        variants = {} if args.no_scr else _scr_variants(scr, size, before, work, args.one_point, fits)
+        learners = tuple(args.learners)
+        fits = ("bp",) if args.small else learners  # --small: Backprop's two child fits (the tests' budget)
+        variants = {} if args.no_scr else _scr_variants(scr, size, before, work, args.one_point, fits, learners)
         for name, configs in PMNIST.items() if args.pmnist else ():
             if before is not None:
                 variants[f"pmnist {name} before"] = lambda c=configs: _fit_us(before, c, pmnist, work)
@@ -257,12 +322,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for key, values in runs.items():
         stream, name, variant = key.split(" ", 2)
+        timed_fit = variant not in ("before", "floor", "hand floor")  # the ratios read a fit of this tree
         ref = runs.get(f"{stream} {name} before")
         floors = [runs.get(f"{stream} {name} {f}") for f in ("floor", "hand floor")]
         floors = [median(f) if f and variant not in ("floor", "hand floor") else None for f in floors]
-        rows.append(
-            _row(f"{stream} {name}", variant, values, median(ref) if ref and variant != "before" else None, floors)
-        )
+        rows.append(_row(f"{stream} {name}", variant, values, median(ref) if ref and timed_fit else None, floors))
     columns = [
         "stream, learner",
         "variant",

@@ -308,7 +308,7 @@ def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossov
 
 
 def test_scr_step() -> None:
-    runs = _main("scr_step")["us_per_step"]  # --small: Backprop's child fits, both learners' floors
-    floors = {f"scr {learner} {v}" for learner in ("bp", "qoa") for v in ("floor", "hand floor")}
+    runs = _main("scr_step")["us_per_step"]  # --small: Backprop's child fits, every learner's floors
+    floors = {f"scr {learner} {v}" for learner in ("bp", "qoa", "cbp") for v in ("floor", "hand floor")}
     assert set(runs) == floors | {"scr bp autograd", "scr bp fused"}
     assert all(len(r) == 1 and 0 < r[0] < 1e6 for r in runs.values())

@@ -20,8 +20,9 @@ import torch
 from test_scr_steps import _args, _checkpoint_each_task
 from torch import Tensor, nn
 
-from cl_lightning.nn import MLP, PairScorer
-from cl_lightning.nn.fused_steps import FlatAdam, adam_refusal, attention_mse_steps, mlp_mse_steps
+from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer
+from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, adam_refusal
+from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_mse_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the SCR runs compared here, on one thread
 
@@ -53,46 +54,75 @@ def _optimizer_state(cli: Any) -> dict[str, Tensor]:
     return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items()}
 
 
-@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr"])
-def test_the_fused_step_equals_the_autograd_chunk_step(config: str, tmp_path: Path) -> None:
-    plain = _fit(config, tmp_path / "plain", fused=False)
-    fused = _fit(config, tmp_path / "fused", fused=True)
+CBP_REFERENCE = ["--model.init_args.optimizer.init_args.update_rule=reference"]  # AdamGnT's snapshot rule
+FITS = {  # id -> (config, extra arguments); CBP's generate-and-test replaces units from about step 250 on
+    "bp_scr": ("bp_scr", []),
+    "qoa_scr": ("qoa_scr", []),
+    "cbp_scr": ("cbp_scr", []),
+    "cbp_scr-reference": ("cbp_scr", CBP_REFERENCE),
+}
+
+
+def _same_bits(a: Tensor, b: Tensor) -> bool:
+    """Equal bit for bit (``torch.equal`` also takes -0 for +0 and fails on NaN)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.dtype.is_floating_point:
+        ints = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16}
+        a, b = a.view(ints[a.dtype]), b.view(ints[b.dtype])
+    return torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fit", list(FITS))
+def test_the_fused_step_equals_the_autograd_chunk_step(fit: str, tmp_path: Path) -> None:
+    config, extra = FITS[fit]
+    plain = _fit(config, tmp_path / "plain", fused=False, extra=extra)
+    fused = _fit(config, tmp_path / "fused", fused=True, extra=extra)
     adam = fused.model.__dict__.get("_flat_adam")
     assert adam is not None  # each path ran
     assert "_flat_adam" not in plain.model.__dict__
     flat = range(adam.flat.data_ptr(), adam.flat.data_ptr() + adam.flat.numel() * 4)
     assert all(p.data_ptr() in flat for p in fused.model.parameters())  # views of the flat tensor
+    state = fused.trainer.optimizers[0].state
+    for key, moment in adam.moments.items():  # the optimiser's own state: views of the flat state
+        span = range(moment.data_ptr(), moment.data_ptr() + moment.numel() * 4)
+        assert all(state[p][key].data_ptr() in span for p in fused.model.parameters()), key
     for key in ("online", "loss"):
         assert plain.seen[key].numel() > 500, key
-        torch.testing.assert_close(fused.seen[key], plain.seen[key], **TOL, msg=key)
+        assert _same_bits(fused.seen[key], plain.seen[key]), key
     a, b = plain.model.state_dict(), fused.model.state_dict()
     assert a.keys() == b.keys()
     for k in a:
-        assert torch.equal(a[k], b[k]), k  # weights, the replay buffer, counters
+        assert _same_bits(a[k], b[k]), k  # weights, the replay buffer, generate-and-test's buffers, counters
     assert plain.trainer.global_step == fused.trainer.global_step > 500
     sa, sb = _optimizer_state(plain), _optimizer_state(fused)
     assert sa.keys() == sb.keys()
     for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
+        assert _same_bits(sa[k], sb[k]), k
     for name, value in plain.trainer.callback_metrics.items():
-        torch.testing.assert_close(fused.trainer.callback_metrics[name], value, **TOL, msg=name)
+        assert _same_bits(fused.trainer.callback_metrics[name], value), name
+    if config == "cbp_scr":  # units were replaced, their AdamGnT state reset in the flat state (rows restarted)
+        assert int(fused.model.gnt.buffer("replaced", 0)) >= 10
+        steps = state[fused.model.net.layers[0].weight]["element_step"]
+        assert steps.min() < steps.max() == fused.trainer.global_step
 
 
-@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr"])
-def test_a_resumed_fused_run_equals_an_uninterrupted_one(config: str, tmp_path: Path) -> None:
-    straight = _fit(config, tmp_path / "a", fused=True, extra=_checkpoint_each_task(tmp_path))
-    resumed = _fit(config, tmp_path / "b", fused=True, ckpt=str(tmp_path / "ckpt" / "taskepoch=1.ckpt"))
+@pytest.mark.parametrize("fit", list(FITS))
+def test_a_resumed_fused_run_equals_an_uninterrupted_one(fit: str, tmp_path: Path) -> None:
+    config, extra = FITS[fit]
+    straight = _fit(config, tmp_path / "a", fused=True, extra=[*extra, *_checkpoint_each_task(tmp_path)])
+    resumed = _fit(config, tmp_path / "b", fused=True, extra=extra, ckpt=str(tmp_path / "ckpt" / "taskepoch=1.ckpt"))
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        assert _same_bits(a[k], b[k]), k
     sa, sb = _optimizer_state(straight), _optimizer_state(resumed)
     for k in sa:
-        assert torch.equal(sa[k], sb[k]), k
+        assert _same_bits(sa[k], sb[k]), k
     assert straight.trainer.global_step == resumed.trainer.global_step
     n = resumed.seen["online"].numel()  # the resumed run's third task
-    assert torch.equal(straight.seen["online"][-n:], resumed.seen["online"])
+    assert _same_bits(straight.seen["online"][-n:], resumed.seen["online"])
     for name, value in straight.trainer.callback_metrics.items():
-        assert torch.equal(value, resumed.trainer.callback_metrics[name]), name
+        assert _same_bits(value, resumed.trainer.callback_metrics[name]), name
 
 
 def test_an_optimiser_the_fused_step_cannot_reproduce_falls_back_with_a_warning(tmp_path: Path) -> None:
@@ -107,11 +137,14 @@ def test_a_forward_hook_keeps_the_autograd_path(tmp_path: Path) -> None:
     from cl_lightning.cli import main
 
     cli = main(_args("bp_scr", tmp_path, 64, tasks=1), run=False)
-    calls = []
+    calls, asked = [], []
     cli.model.net.layers[0].register_forward_hook(lambda *_: calls.append(1))
+    learn_fused = cli.model.learn_fused
+    cli.model.learn_fused = lambda *a: asked.append(1) or learn_fused(*a)
     cli.trainer.fit(cli.model, cli.datamodule)
     assert "_flat_adam" not in cli.model.__dict__
     assert len(calls) >= 300  # the hook saw every training step
+    assert len(asked) == 5  # 300 points in batches of 64: refused once per batch, not once per chunk
 
 
 def test_chunked_stepping_refuses_mixed_precision(tmp_path: Path) -> None:
@@ -163,14 +196,67 @@ def test_mlp_steps_equal_autograd_with_the_optimiser_hyperparameters(make_opt: A
     assert fresh.state_dict()["state"][0]["step"] == 50
 
 
-def test_attention_steps_equal_autograd_with_a_hidden_layer() -> None:
+@pytest.mark.parametrize(
+    ("rule", "gnt_options"),
+    [("corrected", {}), ("reference", {"accumulate": False, "next_bias_correction": True})],
+    ids=["corrected", "reference-drawn-counts"],
+)
+def test_mlp_steps_with_generate_and_test_equal_autograd_and_adam_gnt(rule: str, gnt_options: dict) -> None:
+    """Two hidden layers, chunks of 3 points, 2 targets, weight decay; generate-and-test after every step replaces
+    units of both layers and resets their AdamGnT state, in the flat state as on separate tensors."""
+    torch.manual_seed(0)
+    net, ref = MLP(6, 2, [8, 5]), MLP(6, 2, [8, 5])
+    ref.load_state_dict(net.state_dict())
+    x, y = torch.randn(200, 3, 6), torch.randn(200, 3, 2)
+    opt, ref_opt = (
+        AdamGnT(m.parameters(), lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.01, update_rule=rule)
+        for m in (net, ref)
+    )
+    gnt, ref_gnt = (GenerateAndTest([8, 5], replacement_rate=0.05, maturity_threshold=5, **gnt_options) for _ in "ab")
+    layers, draws = list(net.layers), iter(range(200))
+    adam = FlatAdamGnT().bind(opt, list(net.parameters()))
+    preds = mlp_mse_steps(
+        layers, adam, x, y, lambda hs: gnt.step(layers, hs, opt, torch.Generator().manual_seed(next(draws)))
+    )
+    adam.release()
+    expected = []
+    for t, (xt, yt) in enumerate(zip(x, y, strict=True)):  # ContinualBackprop.learn_chunk, by autograd
+        h, features = xt, []
+        for layer in ref.layers[:-1]:
+            h = layer(h).relu()
+            features.append(h.detach())
+        pred = ref.layers[-1](h)
+        expected.append(pred.detach())
+        ref_opt.zero_grad()
+        (pred - yt).pow(2).mean().backward()
+        ref_opt.step()
+        ref_gnt.step(list(ref.layers), features, ref_opt, torch.Generator().manual_seed(t))
+    assert all(int(gnt.buffer("replaced", i)) > 10 for i in range(2))
+    assert _same_bits(preds, torch.stack(expected))
+    for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+        assert _same_bits(p, q)
+        assert all(_same_bits(opt.state[p][k], ref_opt.state[q][k]) for k in adam.state_keys)
+    for k, v in ref_gnt.state_dict().items():
+        assert _same_bits(gnt.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize(
+    "make_opt",
+    [
+        lambda p: torch.optim.Adam(p, lr=1e-3, fused=True),
+        lambda p: AdamGnT(p, lr=1e-3),
+        lambda p: AdamGnT(p, lr=1e-3, update_rule="reference"),
+    ],
+    ids=["fused-adam", "adam-gnt", "adam-gnt-reference"],
+)
+def test_attention_steps_equal_autograd_with_a_hidden_layer(make_opt: Any) -> None:
     torch.manual_seed(0)
     scorer, ref = PairScorer(5, 0, 7, 1), PairScorer(5, 0, 7, 1)
     ref.load_state_dict(scorer.state_dict())
     s, steps = 12, 40
     wx, wy = torch.randn(s + steps, 5), torch.randn(s + steps, 2)
-    opt, ref_opt = (torch.optim.Adam(m.parameters(), lr=1e-3, fused=True) for m in (scorer, ref))
-    adam = FlatAdam().bind(opt, list(scorer.parameters()))
+    opt, ref_opt = (make_opt(list(m.parameters())) for m in (scorer, ref))
+    adam = (FlatAdamGnT if isinstance(opt, AdamGnT) else FlatAdam)().bind(opt, list(scorer.parameters()))
     preds = attention_mse_steps(scorer.first, [*scorer.hidden, scorer.out], adam, wx, wy, s)
     adam.release()
     batches = [(wx[t + s : t + s + 1], wx[t : t + s], wy[t : t + s], wy[t + s : t + s + 1]) for t in range(steps)]
@@ -184,6 +270,7 @@ def test_optimisers_the_flat_adam_cannot_reproduce_are_named() -> None:
     net = MLP(3, 1, [4])
     params = list(net.parameters())
     assert adam_refusal(torch.optim.Adam(params), params) is None
+    assert adam_refusal(AdamGnT(params), params) is None
     assert "SGD" in adam_refusal(torch.optim.SGD(params, lr=0.1), params)
     assert "amsgrad" in adam_refusal(torch.optim.Adam(params, amsgrad=True), params)
     assert "not the net's" in adam_refusal(torch.optim.Adam(params[:2]), params)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from cl_lightning.nn import AdamGnT, GenerateAndTest
-from cl_lightning.nn.gnt import adaptable_contribution, contribution
+from cl_lightning.nn.flat_adam import scalar_operand
+from cl_lightning.nn.gnt import adaptable_contribution, batch_mean, contribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -108,6 +109,34 @@ def test_running_utility_matches_the_reference_recursion() -> None:
         torch.testing.assert_close(gnt.buffer("mean_act", 0), torch.tensor(mean_act))
         torch.testing.assert_close(gnt.buffer("bias_corrected_util", 0), torch.tensor(util) / bc)
     assert gnt.buffer("age", 0).tolist() == [4, 4]
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cheaper_forms_compute_what_torch_computes_bit_for_bit(dtype: torch.dtype) -> None:
+    """``batch_mean`` (a one-row sum) is ``mean(0)``, and ``scalar_operand``'s 0-d tensors give what Python numbers
+    give, on sizes with and without a scalar tail, special values included (-0 made +0 by the mean, NaN, inf)."""
+    special = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), -float("inf"), 1e-45, -3.0], dtype=dtype)
+    for rows, width in itertools.product((1, 3), (1, 7, 40, 803)):
+        x = torch.cat([special, torch.randn(rows * width, dtype=dtype)])[: rows * width].view(rows, width)
+        assert torch.equal(_bits(batch_mean(x)), _bits(x.mean(0)))
+    t = torch.randint(0, 100_000, (803,)).to(dtype)  # step counts, ages
+    x, y = torch.randn(803, dtype=dtype), torch.rand(803, dtype=dtype)
+    for n in (1, 7, 40, 803):
+        for value in (0.9, 0.99, 0.999, 1e-8):
+            c = scalar_operand(value, x)
+            assert isinstance(c, torch.Tensor)
+            for with_number, with_operand in [
+                (torch.pow(value, t[:n]), torch.pow(c, t[:n])),
+                (x[:n].mul(value), x[:n].mul(c)),
+                (x[:n].add(value), x[:n].add(c)),
+                (1 - y[:n], torch.sub(scalar_operand(1.0, x), y[:n])),
+            ]:
+                assert torch.equal(_bits(with_number), _bits(with_operand))
+    assert scalar_operand(0.5, x.bfloat16()) == 0.5  # other dtypes keep the number
 
 
 # ---------------------------------------------------------------- the hand-built replacement case

@@ -7,6 +7,7 @@ ReLU, Kaiming-uniform init (the code; the table says Xavier), Adam lr 1e-4, one 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from torch import Tensor, nn
@@ -74,14 +75,23 @@ class Backprop(ContinualLearner):
     def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
         """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
         (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`): regression on flat inputs, unless a subclass changed the
-        chunk step (CBP)."""
-        if type(self).learn_chunk is not Backprop.learn_chunk or not isinstance(self.encoder, nn.Flatten):
-            return None
+        chunk step (CBP has its own)."""
+        if type(self).learn_chunk is not Backprop.learn_chunk:
+            return fused.refuse(self)
+        return self.fused_mlp_steps(batch, start)
+
+    def fused_mlp_steps(
+        self, batch: StreamSteps, start: int, after_step: Callable[[list[Tensor]], object] | None = None
+    ) -> Tensor | None:
+        """:meth:`learn_fused`'s steps, with ``after_step`` called on each step's hidden features after its update
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`); ``None`` where no fused step applies."""
+        if not isinstance(self.encoder, nn.Flatten):
+            return fused.refuse(self)
         adam = fused.fused_adam(self)
         if adam is None:
             return None
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
-        preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype), after_step)
         return fused.finish_fused(self, adam, preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

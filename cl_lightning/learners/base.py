@@ -80,6 +80,7 @@ class ContinualLearner(LightningModule, ABC):
         self._deferred: dict[str, tuple[list[Tensor], list[int]]] | None = None  # learn_steps' task-mean terms
         self._deferred_online: list[tuple[Tensor, Tensor]] = []  # learn_steps' online predictions and targets
         self._plain_steps = 0  # optimiser steps taken by plain_step in the running batch
+        self._fused_refused = False  # learn_fused cannot run in the running batch (learners/fused.py): stop asking
         # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
         everything = {name for cls in type(self).__mro__ if "__init__" in vars(cls) for name in _parameters(cls)}
         self.save_hyperparameters(ignore=sorted(everything - self.arguments()))
@@ -107,10 +108,16 @@ class ContinualLearner(LightningModule, ABC):
 
         The step is read from a host shadow of the ``steps_taken`` buffer, so no step waits for the device.
         """
-        gen = torch.Generator()
-        gen.manual_seed(self.seed * 1_000_003 + self._steps)
+        gen = self.generator_at(self._steps)
         self._steps += 1
         self.steps_taken.add_(1)
+        return gen
+
+    def generator_at(self, step: int) -> torch.Generator:
+        """The generator :meth:`step_generator` gives at step ``step``, without counting a step (a fused step counts
+        its steps at once)."""
+        gen = torch.Generator()
+        gen.manual_seed(self.seed * 1_000_003 + step)
         return gen
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
@@ -200,7 +207,8 @@ class ContinualLearner(LightningModule, ABC):
     def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
         """Learn chunks ``start..`` of the batch through a fused inner step (the numbers of :meth:`learn_chunk` on
         each, bit for bit: ``learners/fused.py``) and return their summed loss; ``None`` (the default) where no fused
-        step applies now, and :meth:`learn_chunk` takes chunk ``start``."""
+        step applies now, and :meth:`learn_chunk` takes chunk ``start``. Asked again at the next chunk unless it set
+        ``_fused_refused`` (``fused.fused_adam`` does: nothing it checks changes inside a batch)."""
         return None
 
     def plain_step(self, loss: Tensor) -> None:
@@ -217,10 +225,11 @@ class ContinualLearner(LightningModule, ABC):
         next is seen: the one-chunk-per-batch algorithm), the task means added once; the summed losses."""
         self._plain_optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
         self._deferred, self._deferred_online, self._plain_steps = {}, [], 0
+        self._fused_refused = not self.fused_steps  # decided once per batch (a refusal's causes do not change in one)
         losses = []
         try:  # a loop over time: each chunk is learned before the next one is predicted
             for i, chunk in enumerate(zip(batch.x.unbind(0), batch.y.unbind(0), batch.task_id.unbind(0), strict=True)):
-                fused = self.learn_fused(batch, i) if self.fused_steps else None
+                fused = None if self._fused_refused else self.learn_fused(batch, i)
                 if fused is not None:  # chunks i.. were learned by the fused step
                     losses.append(fused)
                     break

@@ -14,6 +14,10 @@ Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path
 AdamGnT and leaves SGD's alone (the reference's two options); any other optimiser, whose per-unit state would go
 stale silently, is refused in ``configure_optimizers``.
 
+One-point streams (slowly changing regression, ``StreamSteps`` batches): :meth:`learn_fused` computes
+:meth:`learn_chunk`'s numbers bit for bit with hand-written gradients and AdamGnT over views of one flat tensor,
+generate-and-test after each update as here (``tests/test_fused_steps.py``).
+
 DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
 examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the
 ranks' weights stay equal (tested in ``tests/test_ddp.py``).
@@ -21,6 +25,7 @@ ranks' weights stay equal (tested in ``tests/test_ddp.py``).
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -28,6 +33,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
 from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners import fused
 from cl_lightning.learners.backprop import Backprop
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
@@ -112,6 +118,23 @@ class ContinualBackprop(Backprop):
         loss, features = self._loss_and_features(batch)
         self.plain_step(loss)
         self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
+        return loss
+
+    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+        """Chunks ``start..`` as :meth:`learn_chunk` learns them, by hand-written MLP gradients, one flat AdamGnT
+        update and generate-and-test on the step's features after each update
+        (:meth:`~cl_lightning.learners.backprop.Backprop.fused_mlp_steps`): regression on flat inputs."""
+        if type(self).learn_chunk is not ContinualBackprop.learn_chunk:
+            return fused.refuse(self)
+        layers, optimizer, draws = list(self.net.layers), self._plain_optimizer, itertools.count(self._steps)
+
+        def generate_and_test(features: list[Tensor]) -> None:
+            self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
+
+        loss = self.fused_mlp_steps(batch, start, generate_and_test)
+        if loss is not None:  # the steps step_generator would have counted, at once
+            self._steps += batch.x.shape[0] - start
+            self.steps_taken.add_(batch.x.shape[0] - start)
         return loss
 
     def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:

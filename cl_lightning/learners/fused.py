@@ -3,9 +3,10 @@ tensor, and the bookkeeping of the steps it took.
 
 A fused step (:mod:`cl_lightning.nn.fused_steps`: hand-written gradients, one fused Adam on a flat tensor) takes the
 place of ``learn_chunk`` on the remaining chunks of a ``StreamSteps`` batch. It applies only where it computes what
-``learn_chunk`` would: a regression task on the CPU, the configured optimiser one :class:`FlatAdam` reproduces, no
-forward hook on any of the learner's modules (a monitor's hook would not fire), full precision (``learn_steps`` runs
-only there).
+``learn_chunk`` would: a regression task on the CPU, the configured optimiser one :class:`FlatAdam` or
+:class:`FlatAdamGnT` reproduces, no forward hook on any of the learner's modules (a monitor's hook would not fire),
+full precision (``learn_steps`` runs only there). None of these changes inside a batch, so a refusal holds for the
+rest of it (``ContinualLearner._fused_refused``).
 """
 
 from __future__ import annotations
@@ -15,20 +16,23 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from cl_lightning.nn.fused_steps import FlatAdam, adam_refusal
+from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.hooks import has_forward_hooks
 
 if TYPE_CHECKING:
     from cl_lightning.learners.base import ContinualLearner
 
 
-def fused_adam(learner: ContinualLearner) -> FlatAdam | None:
-    """The optimiser of the running ``learn_steps`` as one fused Adam over the learner's parameters, bound for this
-    batch; ``None`` where a fused step must not run (see the module docstring). A refused optimiser is warned of
-    once per learner."""
+def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
+    """The optimiser of the running ``learn_steps`` as one flat Adam (or AdamGnT) over the learner's parameters,
+    bound for this batch; ``None`` where a fused step must not run (see the module docstring), which also stops
+    ``learn_steps`` asking again in this batch. A refused optimiser is warned of once per learner."""
     optimizer = learner._plain_optimizer
+    learner._fused_refused = True  # until every check below has passed
     if learner.task_type != "regression" or optimizer is None or learner.device.type != "cpu":
         return None  # bit-exactness is tested on the CPU only (no accelerator was at hand to test it on)
-    if any(m._forward_hooks or m._forward_pre_hooks for m in learner.modules()):
+    if has_forward_hooks(learner.modules()):
         return None
     params = list(learner.parameters())
     reason = adam_refusal(optimizer, params)
@@ -37,11 +41,21 @@ def fused_adam(learner: ContinualLearner) -> FlatAdam | None:
             learner.__dict__["_fused_warned"] = True
             warnings.warn(f"{type(learner).__name__}: no fused step ({reason}); learning chunk by chunk", stacklevel=3)
         return None
-    adam = learner.__dict__.setdefault("_flat_adam", FlatAdam())  # not module state: rebuilt from the optimiser
+    learner._fused_refused = False
+    flat_type = FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam
+    adam = learner.__dict__.get("_flat_adam")  # not module state: rebuilt from the optimiser
+    if type(adam) is not flat_type:
+        adam = learner.__dict__["_flat_adam"] = flat_type()
     return adam.bind(optimizer, params)
 
 
-def finish_fused(learner: ContinualLearner, adam: FlatAdam, preds: Tensor, y: Tensor, weight: int) -> Tensor:
+def refuse(learner: ContinualLearner) -> None:
+    """No fused step in the running batch (the learner's own reason, fixed for the batch): ``learn_steps`` stops
+    asking; ``None``, for ``learn_fused`` to return."""
+    learner._fused_refused = True
+
+
+def finish_fused(learner: ContinualLearner, adam: FlatOptimizer, preds: Tensor, y: Tensor, weight: int) -> Tensor:
     """Book ``T`` fused steps as ``learn_chunk`` would have: the optimiser's step counts, the online predictions
     ``preds (T, B, k)`` of targets ``y (T, B, k)``, each step's MSE as a ``train/loss`` term of ``weight`` examples,
     ``T`` optimiser steps; returns the summed losses."""

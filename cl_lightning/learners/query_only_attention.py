@@ -155,7 +155,7 @@ class QueryOnlyAttention(ReplayLearner):
         ``support_size`` points before it (:meth:`_online_is_the_query`), on regression without labels."""
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
         if batch.x.shape[1] != 1 or self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
-            return None
+            return fused.refuse(self)
         adam = fused.fused_adam(self) if self._online_is_the_query(x[:1]) else None
         if adam is None:
             return None

@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.flat_adam import scalar_operand
 
 UtilityType = Literal["contribution", "adaptable_contribution"]
 ReplacementInit = Literal["kaiming", "default", "xavier", "lecun"]
@@ -60,14 +61,23 @@ _BOUNDS: dict[str, Callable[[int, int], float]] = {
 }
 
 
+def batch_mean(x: Tensor) -> Tensor:
+    """``x.mean(0)``, bit for bit: ``(B, ...) -> (...)``. One row (a one-point step) on the CPU in float32 / float64
+    is summed instead, at half the cost: there torch's mean is the sum divided by the count (``mean_out``), and a
+    division by 1 is exact."""
+    if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return x.sum(0)
+    return x.mean(0)
+
+
 def contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
     """``out_mag · mean_batch|h|`` per unit: ``h (B, H)``, the rest ``(H,)``."""
-    return out_mag * h.abs().mean(0)
+    return out_mag * batch_mean(h.abs())
 
 
 def adaptable_contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
     """``out_mag · mean_batch|h − ĥ| / in_mag`` per unit: ``h (B, H)``, the rest ``(H,)``."""
-    return out_mag * (h - h_hat).abs().mean(0) / in_mag
+    return out_mag * batch_mean((h - h_hat).abs()) / in_mag
 
 
 _UTILITIES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
@@ -151,6 +161,8 @@ class GenerateAndTest(nn.Module):
             self.register_buffer(f"to_replace_{i}", torch.zeros((), dtype=torch.float64))
             self.register_buffer(f"replaced_{i}", torch.zeros((), dtype=torch.long))
         self._host = [_HostCounts(young=deque([[0, width]])) for width in hidden_sizes]
+        self._none: dict[torch.device, Tensor] = {}  # "no unit replaced" per device: one shared zero-size index
+        self._constants: dict[tuple[torch.dtype, torch.device], tuple[Tensor | float, ...]] = {}  # η, 1, 1 (ages)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: object, **kwargs: object) -> None:
         """Load the buffers, then rebuild the host counts from the ages and carried fractions (once per load)."""
@@ -169,7 +181,7 @@ class GenerateAndTest(nn.Module):
 
     def buffer(self, name: str, layer: int) -> Tensor:
         """The buffer ``name`` (``util``, ``age``, ...) of hidden layer ``layer``."""
-        return getattr(self, f"{name}_{layer}")
+        return self._buffers[f"{name}_{layer}"]  # not getattr: nn.Module's fallback lookup costs µs a step
 
     @torch.no_grad()
     def step(
@@ -190,14 +202,13 @@ class GenerateAndTest(nn.Module):
         """
         assert len(layers) == self.num_layers + 1
         assert len(features) == self.num_layers
-        empty = [torch.zeros(0, dtype=torch.long, device=f.device) for f in features]
         if self.replacement_rate == 0:
-            return empty
+            return [self._no_units(f.device) for f in features]
         tested = [self._test(i, layers[i], layers[i + 1], features[i], generator) for i in range(self.num_layers)]
         replaced = []
         for i, (index, h_hat) in enumerate(tested):  # every layer tested before any is changed, as the reference
-            if index.numel() == 0:  # known on the host: no device read
-                replaced.append(empty[i])
+            if index is None:  # known on the host: no device read
+                replaced.append(self._no_units(features[i].device))
                 continue
             self._generate(i, layers[i], layers[i + 1], index, h_hat, generator)
             if isinstance(optimizer, AdamGnT):
@@ -207,26 +218,43 @@ class GenerateAndTest(nn.Module):
             replaced.append(index)
         return replaced
 
+    def _no_units(self, device: torch.device) -> Tensor:
+        """The zero-size index of "no unit replaced" on ``device`` (made once, shared: read it only)."""
+        none = self._none.get(device)
+        if none is None:
+            none = self._none[device] = torch.zeros(0, dtype=torch.long, device=device)
+        return none
+
+    def _operands(self, util: Tensor, age: Tensor) -> tuple[Tensor | float, ...]:
+        """η and 1 as operands on ``util``, 1 on ``age`` (:func:`~cl_lightning.nn.flat_adam.scalar_operand`)."""
+        key = (util.dtype, util.device)
+        constants = self._constants.get(key)
+        if constants is None:
+            constants = (scalar_operand(self.decay_rate, util), scalar_operand(1.0, util), scalar_operand(1, age))
+            self._constants[key] = constants
+        return constants
+
     def _test(
         self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor, gen: torch.Generator
-    ) -> tuple[Tensor, Tensor]:
-        """Update ages and utilities of layer ``i``; the units to replace, ascending (``test_features``), and ĥ."""
+    ) -> tuple[Tensor | None, Tensor]:
+        """Update ages and utilities of layer ``i``; the units to replace, ascending (``test_features``; ``None``
+        for none), and ĥ."""
         eta = self.decay_rate
         age, util, mean_act = self.buffer("age", i), self.buffer("util", i), self.buffer("mean_act", i)
-        age.add_(1)
+        op_eta, one, age_one = self._operands(util, age)
+        age.add_(age_one)
         eligible_count = self._host[i].tick(self.maturity_threshold)
-        bc = 1 - eta ** age.to(util.dtype)  # (H,) Adam-style bias correction by age
-        util.mul_(eta)
-        mean_act.mul_(eta).add_(h.mean(0).to(util.dtype), alpha=1 - eta)
+        bc = torch.sub(one, torch.pow(op_eta, age.to(util.dtype)))  # (H,) 1 − η^age: Adam-style bias correction
+        util.mul_(op_eta)
+        mean_act.mul_(op_eta).add_(batch_mean(h).to(util.dtype), alpha=1 - eta)
         h_hat = mean_act / bc
-        out_mag = consumer.weight.abs().mean(0)  # (H,) mean over the units this one feeds
+        out_mag = batch_mean(consumer.weight.abs())  # (H,) mean over the units this one feeds
         in_mag = layer.weight.abs().mean(1)  # (H,) mean over this unit's inputs
         util.add_(_UTILITIES[self.utility](h.to(util.dtype), h_hat, out_mag, in_mag), alpha=1 - eta)
-        corrected = self.buffer("bias_corrected_util", i)
-        corrected.copy_(util / bc)
+        corrected = torch.div(util, bc, out=self.buffer("bias_corrected_util", i))
         count = min(self._count(i, eligible_count, gen), eligible_count)
         if count == 0:
-            return torch.zeros(0, dtype=torch.long, device=util.device), h_hat
+            return None, h_hat
         eligible = age > self.maturity_threshold
         by_util = corrected.argsort(stable=True)  # lowest utility first, ties to the lower index
         order = by_util[(~eligible[by_util]).to(torch.int8).argsort(stable=True)]  # the eligible units first

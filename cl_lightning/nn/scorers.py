@@ -20,6 +20,7 @@ import time
 import torch
 from torch import Tensor, nn
 
+from cl_lightning.nn.hooks import has_forward_hooks
 from cl_lightning.nn.mlp import InitName, init_linear
 
 #: Measured block sizes (pairs per block) by (device type, threads, hidden, layers, dtype): see tuned_block_pairs.
@@ -132,7 +133,7 @@ class PairScorer(nn.Module):
         return torch.addmm(self.first.bias, query_x, w[:, self.x_dim : 2 * self.x_dim].T)
 
     def _hooked(self) -> bool:
-        return any(m._forward_hooks or m._forward_pre_hooks for m in (self.first, *self.hidden, self.out))
+        return has_forward_hooks((self.first, *self.hidden, self.out))
 
     def forward(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:
         """Raw scores of all pairs: ``(Q, D), (S, D), (S,) -> (Q, S)``.
@@ -150,7 +151,7 @@ class PairScorer(nn.Module):
         if not needs_grad:  # hooked evaluation (a monitor watches the layers): cache-sized blocks as score_blocked
             budget = self.block_pairs or tuned_block_pairs(a.shape[1], len(self.hidden), a.device, a.dtype)
         step = max(1, budget // max(1, support_x.shape[0]))
-        if self.first._forward_hooks or self.first._forward_pre_hooks:  # a monitor watches the first layer: it runs
+        if has_forward_hooks((self.first,)):  # a monitor watches the first layer: it runs
             # as a module on explicit pairs, so its hooks see them (slower; only while a monitor probes)
             parts = [self.forward_concat(q, support_x, support_y) for q in query_x.split(step)]
         else:
