@@ -344,3 +344,17 @@ def test_plasticity_probe_of_qoa_sees_the_scorer_first_layer(num_hidden_layers: 
     with torch.no_grad():
         torch.testing.assert_close(model.predict_episode(sx, sy, qx), unwatched)
     handle.remove()
+
+
+def test_exact_hessian_above_max_exact_params_warns_once_and_measures_nothing(tmp_path: Path) -> None:
+    """A block too large for an exact Hessian (P HVPs of the whole episode, a P × P matrix) must not stall a run:
+    the monitor warns once, logs no ``hessian/*``, and the run goes on (Backprop [32, 32] on 4 classes: a block of
+    132)."""
+    monitor = ["--trainer.callbacks+=cl_lightning.callbacks.HessianMonitor", "--trainer.callbacks.every_n_tasks=1"]
+    with pytest.warns(UserWarning, match="132 parameters, above max_exact_params=131") as caught:
+        cli = fit(tmp_path, BACKPROP, tasks=2, extra=[*monitor, "--trainer.callbacks.max_exact_params=131"])
+    assert sum("above max_exact_params" in str(w.message) for w in caught) == 1
+    assert not any(k.startswith("hessian/") for k in cli.trainer.callback_metrics)
+    assert cli.trainer.current_epoch == 2
+    measured = fit(tmp_path / "bound", BACKPROP, tasks=1, extra=[*monitor, "--trainer.callbacks.max_exact_params=132"])
+    assert measured.trainer.callback_metrics["hessian/num_params"].item() == 132
