@@ -72,16 +72,13 @@ def _kill(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def wait_passing_signals(proc: subprocess.Popen, stop_file: Path | None = None) -> tuple[int, resource.struct_rusage]:
+def wait_passing_signals(proc: subprocess.Popen, stop_file: Path) -> tuple[int, resource.struct_rusage]:
     """Wait for ``proc`` (its ``os.wait4`` status and resource usage), passing it a signal received meanwhile, and
     SIGTERM once ``stop_file`` exists (polled every 0.2 s)."""
     _state["child"] = proc.pid
     try:
         if _state["signum"] is not None:  # the signal came while the child was starting
             _kill(proc.pid, _state["signum"])
-        if stop_file is None:
-            _, status, usage = os.wait4(proc.pid, 0)
-            return status, usage
         asked = False
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)

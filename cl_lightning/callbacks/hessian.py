@@ -234,7 +234,8 @@ class HessianMonitor(Callback):
         if not block:
             self._give_up("the learner has no parameter block to differentiate (no output_layer() / parameters)")
             return
-        size = sum(p.numel() for n, p in pl_module.named_parameters() if n in set(block))
+        names = set(block)
+        size = sum(p.numel() for n, p in pl_module.named_parameters() if n in names)
         if self.method == "exact" and self.max_exact_params is not None and size > self.max_exact_params:
             self._give_up(
                 f"the exact block has {size:,} parameters, above max_exact_params={self.max_exact_params:,} ({size:,} "

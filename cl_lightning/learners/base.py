@@ -109,9 +109,13 @@ class ContinualLearner(LightningModule, ABC):
         The step is read from a host shadow of the ``steps_taken`` buffer, so no step waits for the device.
         """
         gen = self.generator_at(self._steps)
-        self._steps += 1
-        self.steps_taken.add_(1)
+        self.count_steps(1)
         return gen
+
+    def count_steps(self, n: int) -> None:
+        """Count ``n`` steps as :meth:`step_generator` does, one at a time (a fused step counts its steps at once)."""
+        self._steps += n
+        self.steps_taken.add_(n)
 
     def generator_at(self, step: int) -> torch.Generator:
         """The generator :meth:`step_generator` gives at step ``step``, without counting a step (a fused step counts

@@ -133,8 +133,7 @@ class ContinualBackprop(Backprop):
 
         loss = self.fused_mlp_steps(batch, start, generate_and_test)
         if loss is not None:  # the steps step_generator would have counted, at once
-            self._steps += batch.x.shape[0] - start
-            self.steps_taken.add_(batch.x.shape[0] - start)
+            self.count_steps(batch.x.shape[0] - start)
         return loss
 
     def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:

@@ -164,8 +164,7 @@ class QueryOnlyAttention(ReplayLearner):
         scorer = self.scorer
         layers = [*scorer.hidden, scorer.out]
         preds = fused_steps.attention_mse_steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
-        self._steps += x.shape[0]  # what step_generator would have counted
-        self.steps_taken.add_(x.shape[0])
+        self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
         return fused.finish_fused(self, adam, preds, y[:, None], 1)
 
