@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.base import ContinualLearner
-from cl_lightning.nn import fused_steps
+from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
 
@@ -30,6 +30,10 @@ class Backprop(ContinualLearner):
             after the CNN on Split Tiny ImageNet, [40] on slowly changing regression).
         init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
         encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
+        step_kernel: What runs the fused one-point regression steps: ``"torch"`` (hand-written gradients as torch
+            operations, autograd's numbers bit for bit) or ``"native"`` (the same algorithm as one C loop per chunk,
+            :mod:`cl_lightning.nn.native`: equal to float32 rounding per step, many times faster on slowly changing
+            regression; needs a C compiler). Plain Backprop only (its subclasses step differently).
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """
@@ -40,9 +44,14 @@ class Backprop(ContinualLearner):
         hidden_sizes: list[int] | None = None,
         init: InitName = "kaiming",
         encoder: Literal["flatten", "cnn"] = "flatten",
+        step_kernel: fused.StepKernel = "torch",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if step_kernel != "torch" and type(self).learn_chunk is not Backprop.learn_chunk:
+            raise ValueError(f"{type(self).__name__} has no native step kernel: use step_kernel='torch'")
+        fused.check_step_kernel(step_kernel)
+        self.step_kernel = step_kernel
         hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.net = MLP(features, self.num_outputs, hidden, init=init)
@@ -91,7 +100,10 @@ class Backprop(ContinualLearner):
         if adam is None:
             return None
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
-        preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype), after_step)
+        if after_step is None and fused.uses_native(self, adam):
+            preds = native.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        else:
+            preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype), after_step)
         return fused.finish_fused(self, adam, preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

@@ -232,12 +232,12 @@ class ContinualLearner(LightningModule, ABC):
         self._fused_refused = not self.fused_steps  # decided once per batch (a refusal's causes do not change in one)
         losses = []
         try:  # a loop over time: each chunk is learned before the next one is predicted
-            for i, chunk in enumerate(zip(batch.x.unbind(0), batch.y.unbind(0), batch.task_id.unbind(0), strict=True)):
+            for i in range(batch.x.shape[0]):
                 fused = None if self._fused_refused else self.learn_fused(batch, i)
                 if fused is not None:  # chunks i.. were learned by the fused step
                     losses.append(fused)
                     break
-                loss = self.learn_chunk(StreamBatch(*chunk))
+                loss = self.learn_chunk(StreamBatch(batch.x[i], batch.y[i], batch.task_id[i]))
                 if loss is not None:
                     losses.append(loss.detach())
         finally:
@@ -265,8 +265,9 @@ class ContinualLearner(LightningModule, ABC):
             values, weights = deferred.setdefault(online_key(self.metric_name), ([], []))
             values.append(self.score(pred.double(), y))
             weights.append(pred.shape[0])
-        for name, (values, weights) in deferred.items():
-            self._task_mean(name, device).update_many(torch.stack(values), torch.tensor(weights, dtype=torch.float64))
+        for name, (values, weights) in deferred.items():  # values: 0-d per chunk, or 1-d for a fused run of chunks
+            values_t = torch.cat([v.reshape(-1) for v in values])
+            self._task_mean(name, device).update_many(values_t, torch.tensor(weights, dtype=torch.float64))
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""

@@ -12,13 +12,16 @@ rest of it (``ContinualLearner._fused_refused``).
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from torch import Tensor
 
+from cl_lightning.nn import native
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 from cl_lightning.nn.hooks import has_forward_hooks
+
+StepKernel = Literal["torch", "native"]
 
 if TYPE_CHECKING:
     from cl_lightning.learners.base import ContinualLearner
@@ -49,6 +52,28 @@ def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
     return adam.bind(optimizer, params)
 
 
+def check_step_kernel(step_kernel: StepKernel) -> None:
+    """Fail at construction, not mid-run: ``"native"`` needs the C kernels (:mod:`cl_lightning.nn.native`), which
+    are built here on first use; :class:`~cl_lightning.nn.native.NativeUnavailableError` says why they cannot be."""
+    if step_kernel not in ("torch", "native"):
+        raise ValueError(f"step_kernel must be 'torch' or 'native', not {step_kernel!r}")
+    if step_kernel == "native":
+        native.library()
+
+
+def uses_native(learner: ContinualLearner, adam: FlatOptimizer) -> bool:
+    """Whether this batch's fused steps run in the C kernels: the learner asks for them (``step_kernel``) and they
+    implement its optimiser (:func:`cl_lightning.nn.native.refusal`; a refusal is warned of once per learner, and
+    the torch fused step runs instead)."""
+    if getattr(learner, "step_kernel", "torch") != "native":
+        return False
+    reason = native.refusal(adam)
+    if reason is not None and not learner.__dict__.get("_native_warned"):
+        learner.__dict__["_native_warned"] = True
+        warnings.warn(f"{type(learner).__name__}: no native step kernel ({reason}); torch fused steps", stacklevel=3)
+    return reason is None
+
+
 def refuse(learner: ContinualLearner) -> None:
     """No fused step in the running batch (the learner's own reason, fixed for the batch): ``learn_steps`` stops
     asking; ``None``, for ``learn_fused`` to return."""
@@ -64,7 +89,7 @@ def finish_fused(learner: ContinualLearner, adam: FlatOptimizer, preds: Tensor, 
     learner._deferred_online.append((preds.flatten(0, 1), y.flatten(0, 1)))
     losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))  # (T,): each step's loss
     values, weights = learner._deferred.setdefault("train/loss", ([], []))
-    values.extend(losses.unbind())
+    values.append(losses)  # one 1-d entry for the run of steps (ContinualLearner._add_deferred)
     weights.extend([weight] * steps)
     learner._plain_steps += steps
     return losses.sum()

@@ -24,7 +24,7 @@ from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, sample_support
-from cl_lightning.nn import fused_steps
+from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import prefer_fused
@@ -65,6 +65,9 @@ class QueryOnlyAttention(ReplayLearner):
             a compilation (27–29 s cold here) that every short run would pay (README, "The GPU path").
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
+        step_kernel: What runs the fused one-point steps of label-free regression: ``"torch"`` (autograd's numbers
+            bit for bit) or ``"native"`` (one C loop per chunk, :mod:`cl_lightning.nn.native`: equal to float32
+            rounding per step; needs a C compiler). :class:`~cl_lightning.learners.Backprop`'s argument.
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
             linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """
@@ -85,6 +88,7 @@ class QueryOnlyAttention(ReplayLearner):
         eval_across_ranks: bool = False,
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
+        step_kernel: fused.StepKernel = "torch",
         **kwargs: Any,
     ) -> None:
         super().__init__(memory_size=memory_size, support_size=support_size, online_queries=online_queries, **kwargs)
@@ -96,6 +100,8 @@ class QueryOnlyAttention(ReplayLearner):
         self.use_labels = use_labels and self.task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
         self.compile, self.compile_mode = compile, compile_mode
+        fused.check_step_kernel(step_kernel)
+        self.step_kernel = step_kernel
         self._compiled_loss: Callable[..., Tensor] | None = None  # built at the first step (not module state)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = self.num_outputs if self.use_labels else 0
@@ -163,7 +169,8 @@ class QueryOnlyAttention(ReplayLearner):
         window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
         scorer = self.scorer
         layers = [*scorer.hidden, scorer.out]
-        preds = fused_steps.attention_mse_steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
+        steps = native.attention_mse_steps if fused.uses_native(self, adam) else fused_steps.attention_mse_steps
+        preds = steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
         self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
         return fused.finish_fused(self, adam, preds, y[:, None], 1)

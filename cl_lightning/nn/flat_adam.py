@@ -162,6 +162,14 @@ class FlatAdam(_FlatState):
             return list(range(start + 1, start + steps + 1))
         return list((self.step_count + torch.arange(1 - steps, 1, device=self.step_count.device)).unbind())
 
+    def advance(self, steps: int) -> int:
+        """The step number of the first of the next ``steps`` updates, as a host integer, the count advanced by
+        ``steps`` (:meth:`counts` without the per-step numbers: for a kernel that numbers its own steps)."""
+        first = (self._host_count if not self._fused else int(self.step_count)) + 1
+        self.step_count.add_(steps)
+        self._host_count += steps
+        return first
+
     def update(self, count: Tensor | int) -> None:
         """One Adam update of the flat parameters from :attr:`grad`, step number ``count`` (from :meth:`counts`), as
         the configured Adam computes it: its fused kernel when it is fused, else its single-tensor formulas (the same

@@ -1,0 +1,248 @@
+/* One-point training steps of the slowly-changing-regression nets, a whole chunk of steps per call.
+ *
+ * The Python side (cl_lightning/nn/native/__init__.py) hands over the flat parameter, gradient and Adam-moment
+ * tensors of cl_lightning.nn.flat_adam.FlatAdam (each parameter a row-major view at an offset) and the chunk's data;
+ * every step here predicts, takes the MSE gradient by hand and applies one Adam update, exactly the algorithm of
+ * cl_lightning/nn/fused_steps.py, in float32 with sums in a fixed order (no reassociation: build without -ffast-math).
+ * The rounding differs from torch's kernels (matrix products summed in another order), so the results agree with
+ * the torch path to float32 rounding per step, not bit for bit.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    int decoupled; /* AdamW: decay the parameters, not the gradient */
+} adam_hyper;
+
+/* One Adam update of n elements from grad, step number `step` (torch.optim.Adam's single-tensor formulas). */
+static void adam_update(float *p, float *g, float *m, float *v, int64_t n, const adam_hyper *h, double step) {
+    const float w1 = (float)(1.0 - h->beta1), b2 = (float)h->beta2, w2 = (float)(1.0 - h->beta2);
+    const float bc2_sqrt = (float)sqrt(1.0 - pow(h->beta2, step));
+    const float step_size = (float)(h->lr / (1.0 - pow(h->beta1, step)));
+    const float eps = (float)h->eps, wd = (float)h->weight_decay;
+    const float decay = (float)(1.0 - h->lr * h->weight_decay);
+    if (h->weight_decay != 0.0 && h->decoupled)
+        for (int64_t i = 0; i < n; i++) p[i] *= decay;
+    if (h->weight_decay != 0.0 && !h->decoupled)
+        for (int64_t i = 0; i < n; i++) g[i] += wd * p[i]; /* the gradient buffer is rewritten every step */
+    for (int64_t i = 0; i < n; i++) {
+        m[i] += w1 * (g[i] - m[i]);
+        v[i] = v[i] * b2 + w2 * g[i] * g[i];
+        p[i] -= step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + eps));
+    }
+}
+
+/* y (rows, out) = x (rows, in) @ W^T + b, W (out, in) row-major; relu when asked. */
+static void linear(const float *x, const float *w, const float *b, float *y, int64_t rows, int64_t in, int64_t out,
+                   int relu) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in;
+        float *yr = y + r * out;
+        for (int64_t o = 0; o < out; o++) {
+            const float *wo = w + o * in;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < in; i++) acc += xr[i] * wo[i];
+            acc += b[o];
+            yr[o] = relu && acc < 0.0f ? 0.0f : acc;
+        }
+    }
+}
+
+/* Gradients of y = x W^T + b from gy (rows, out): gW (out, in) = gyᵀ x, gb = Σ_rows gy; gx (rows, in) = gy W masked
+ * by relu'(x) (x > 0) when gx is given. */
+static void linear_backward(const float *x, const float *w, const float *gy, float *gw, float *gb, float *gx,
+                            int64_t rows, int64_t in, int64_t out) {
+    memset(gw, 0, sizeof(float) * out * in);
+    memset(gb, 0, sizeof(float) * out);
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in, *gr = gy + r * out;
+        for (int64_t o = 0; o < out; o++) {
+            const float go = gr[o];
+            float *gwo = gw + o * in;
+            for (int64_t i = 0; i < in; i++) gwo[i] += go * xr[i];
+            gb[o] += go;
+        }
+    }
+    if (!gx) return;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * in, *gr = gy + r * out;
+        float *gxr = gx + r * in;
+        for (int64_t i = 0; i < in; i++) gxr[i] = 0.0f;
+        for (int64_t o = 0; o < out; o++) {
+            const float go = gr[o];
+            const float *wo = w + o * in;
+            for (int64_t i = 0; i < in; i++) gxr[i] += go * wo[i];
+        }
+        for (int64_t i = 0; i < in; i++)
+            if (!(xr[i] > 0.0f)) gxr[i] = 0.0f;
+    }
+}
+
+/* MLP (ReLU between layers, linear output) on T chunks of B points: predict chunk t (preds, (T, B, k)), then one
+ * Adam step on its MSE. Layer l: weight (sizes[l+1], sizes[l]) at flat + w_off[l], bias at flat + b_off[l]; the
+ * same offsets index grad, exp_avg and exp_avg_sq. Returns 0, or -1 when scratch memory cannot be had. */
+int mlp_mse_adam(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
+                 const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *xs, const float *ys,
+                 float *preds, int64_t steps, int64_t batch, double first_step, double lr, double beta1, double beta2,
+                 double eps, double weight_decay, int decoupled) {
+    const adam_hyper hyper = {lr, beta1, beta2, eps, weight_decay, decoupled};
+    int64_t acts = 0, widest = 0;
+    for (int64_t l = 0; l <= layers; l++) {
+        acts += batch * sizes[l];
+        if (sizes[l] > widest) widest = sizes[l];
+    }
+    float *a = malloc(sizeof(float) * (acts + 2 * batch * widest)); /* every layer's input, then two gradients */
+    if (!a) return -1;
+    float *g = a + acts, *g_next = g + batch * widest;
+    const int64_t d = sizes[0], k = sizes[layers];
+    for (int64_t t = 0; t < steps; t++) {
+        float *h = a;
+        memcpy(h, xs + t * batch * d, sizeof(float) * batch * d);
+        for (int64_t l = 0; l < layers; l++) {
+            float *next = h + batch * sizes[l];
+            linear(h, flat + w_off[l], flat + b_off[l], next, batch, sizes[l], sizes[l + 1], l + 1 < layers);
+            h = next;
+        }
+        const float *y = ys + t * batch * k;
+        float *pred = preds + t * batch * k;
+        const float scale = 2.0f / (float)(batch * k);
+        for (int64_t i = 0; i < batch * k; i++) {
+            pred[i] = h[i];
+            g[i] = scale * (h[i] - y[i]);
+        }
+        for (int64_t l = layers - 1; l >= 0; l--) {
+            h -= batch * sizes[l];
+            linear_backward(h, flat + w_off[l], g, grad + w_off[l], grad + b_off[l], l ? g_next : NULL, batch,
+                            sizes[l], sizes[l + 1]);
+            float *swap = g;
+            g = g_next;
+            g_next = swap;
+        }
+        adam_update(flat, grad, exp_avg, exp_avg_sq, numel, &hyper, first_step + (double)t);
+    }
+    free(a);
+    return 0;
+}
+
+/* Label-free query-only attention along a window of the stream (cl_lightning.nn.fused_steps.attention_mse_steps):
+ * step t's query is window point S + t, its supports the S points before it. Scorer: first layer weight
+ * (H0, 2D) = [W_s | W_q] on [x_j, x_t], bias H0; then `layers` linear layers (ReLU after each but the last, whose
+ * width is 1): scores s_j, p = softmax(s), pred = Σ_j p_j y_j (k outputs), loss mean((pred − y_t)²). sizes: H0, then
+ * each later layer's width (the last 1). Returns 0, or -1 when scratch memory cannot be had. */
+static inline __attribute__((always_inline)) int attention_impl(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
+                       const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *window_x,
+                       const float *window_y, int64_t d, int64_t k, int64_t support, float *preds, int64_t steps,
+                       double first_step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                       int decoupled, int64_t width) {
+    const adam_hyper hyper = {lr, beta1, beta2, eps, weight_decay, decoupled};
+    const int64_t s = support, h0 = width; /* sizes[0], a constant where the caller made it one */
+    int64_t acts = 0, widest = 0;
+    for (int64_t l = 0; l <= layers; l++) {
+        acts += s * sizes[l];
+        if (sizes[l] > widest) widest = sizes[l];
+    }
+    float *a = malloc(sizeof(float) * (acts + 2 * s * widest + h0 + 2 * s + k + d * h0));
+    if (!a) return -1;
+    float *g = a + acts, *g_next = g + s * widest, *query_part = g_next + s * widest, *p = query_part + h0;
+    float *g_score = p + s, *g_pred = g_score + s, *ws_t = g_pred + k;
+    const float *w0 = flat + w_off[0], *b0 = flat + b_off[0];
+    float *gw0 = grad + w_off[0], *gb0 = grad + b_off[0];
+    for (int64_t t = 0; t < steps; t++) {
+        const float *sx = window_x + t * d, *sy = window_y + t * k;
+        const float *qx = window_x + (s + t) * d, *qy = window_y + (s + t) * k;
+        for (int64_t o = 0; o < h0; o++) { /* W_q x_t + b: shared by every support */
+            const float *wq = w0 + o * 2 * d + d;
+            float acc = 0.0f;
+            for (int64_t i = 0; i < d; i++) acc += qx[i] * wq[i];
+            query_part[o] = acc + b0[o];
+        }
+        for (int64_t o = 0; o < h0; o++) /* W_s transposed, (D, H0): the loops below run along a row of it */
+            for (int64_t i = 0; i < d; i++) ws_t[i * h0 + o] = w0[o * 2 * d + i];
+        float *hid = a; /* (S, H0): relu(W_s x_j + W_q x_t + b), each sum over i in order */
+        for (int64_t j = 0; j < s; j++) {
+            const float *xj = sx + j * d;
+            float *hj = hid + j * h0;
+            for (int64_t o = 0; o < h0; o++) hj[o] = 0.0f;
+            for (int64_t i = 0; i < d; i++) {
+                const float xi = xj[i];
+                const float *wi = ws_t + i * h0;
+                for (int64_t o = 0; o < h0; o++) hj[o] += xi * wi[o];
+            }
+            for (int64_t o = 0; o < h0; o++) {
+                const float v = hj[o] + query_part[o];
+                hj[o] = v < 0.0f ? 0.0f : v;
+            }
+        }
+        float *x = hid;
+        for (int64_t l = 1; l <= layers; l++) {
+            float *next = x + s * sizes[l - 1];
+            linear(x, flat + w_off[l], flat + b_off[l], next, s, sizes[l - 1], sizes[l], l < layers);
+            x = next;
+        }
+        float top = x[0]; /* softmax over the S scores */
+        for (int64_t j = 1; j < s; j++)
+            if (x[j] > top) top = x[j];
+        float total = 0.0f;
+        for (int64_t j = 0; j < s; j++) total += p[j] = expf(x[j] - top);
+        for (int64_t j = 0; j < s; j++) p[j] /= total;
+        float *pred = preds + t * k;
+        for (int64_t c = 0; c < k; c++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < s; j++) acc += p[j] * sy[j * k + c];
+            pred[c] = acc;
+            g_pred[c] = 2.0f / (float)k * (acc - qy[c]);
+        }
+        float dot = 0.0f; /* softmax backward: g_s_j = p_j (g_p_j − Σ_i p_i g_p_i), g_p_j = g_pred · y_j */
+        for (int64_t j = 0; j < s; j++) {
+            float gp = 0.0f;
+            for (int64_t c = 0; c < k; c++) gp += g_pred[c] * sy[j * k + c];
+            g_score[j] = gp;
+            dot += p[j] * gp;
+        }
+        for (int64_t j = 0; j < s; j++) g[j] = p[j] * (g_score[j] - dot);
+        for (int64_t l = layers; l >= 1; l--) {
+            x -= s * sizes[l - 1];
+            linear_backward(x, flat + w_off[l], g, grad + w_off[l], grad + b_off[l], g_next, s, sizes[l - 1],
+                            sizes[l]);
+            float *swap = g;
+            g = g_next;
+            g_next = swap;
+        }
+        /* first layer: ∂W_s = gᵀ x_S, ∂b = Σ_S g, ∂W_q = (Σ_S g) ⊗ x_t */
+        memset(gb0, 0, sizeof(float) * h0);
+        for (int64_t o = 0; o < h0; o++) memset(gw0 + o * 2 * d, 0, sizeof(float) * d);
+        for (int64_t j = 0; j < s; j++) {
+            const float *xj = sx + j * d;
+            for (int64_t o = 0; o < h0; o++) {
+                const float go = g[j * h0 + o];
+                float *gws = gw0 + o * 2 * d;
+                for (int64_t i = 0; i < d; i++) gws[i] += go * xj[i];
+                gb0[o] += go;
+            }
+        }
+        for (int64_t o = 0; o < h0; o++)
+            for (int64_t i = 0; i < d; i++) gw0[o * 2 * d + d + i] = gb0[o] * qx[i];
+        adam_update(flat, grad, exp_avg, exp_avg_sq, numel, &hyper, first_step + (double)t);
+    }
+    free(a);
+    return 0;
+}
+
+/* The exported kernel: attention_impl with the widths of the shipped SCR scorer (20 inputs, 20 hidden units) as
+ * constants, so the compiler unrolls the short inner loops (the same operations in the same order), else generic. */
+int attention_mse_adam(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
+                       const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *window_x,
+                       const float *window_y, int64_t d, int64_t k, int64_t support, float *preds, int64_t steps,
+                       double first_step, double lr, double beta1, double beta2, double eps, double weight_decay,
+                       int decoupled) {
+    if (d == 20 && sizes[0] == 20 && k == 1)
+        return attention_impl(flat, grad, exp_avg, exp_avg_sq, numel, layers, sizes, w_off, b_off, window_x,
+                              window_y, 20, 1, support, preds, steps, first_step, lr, beta1, beta2, eps, weight_decay,
+                              decoupled, 20);
+    return attention_impl(flat, grad, exp_avg, exp_avg_sq, numel, layers, sizes, w_off, b_off, window_x, window_y, d,
+                          k, support, preds, steps, first_step, lr, beta1, beta2, eps, weight_decay, decoupled,
+                          sizes[0]);
+}

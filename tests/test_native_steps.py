@@ -1,0 +1,158 @@
+"""The native step kernels (``step_kernel="native"``, ``cl_lightning/nn/native``): the fused steps' algorithm in C,
+equal to the torch path to float32 rounding, deterministic (a resumed run equals an uninterrupted one bit for bit),
+and refused clearly where they do not apply."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from test_scr_steps import _args, _checkpoint_each_task
+from torch import nn
+
+from cl_lightning.nn import MLP, PairScorer, fused_steps, native
+from cl_lightning.nn.flat_adam import FlatAdam
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _bound(params: list[nn.Parameter], **adam: object) -> tuple[torch.optim.Adam, FlatAdam]:
+    opt = torch.optim.Adam(params, **adam)
+    return opt, FlatAdam().bind(opt, params)
+
+
+def _mlp_run(kernel: str, hidden: list[int], batch: int, steps: int, opt_cls: type, **adam: object) -> dict:
+    torch.manual_seed(0)
+    net = MLP(20, 2, hidden)
+    xs, ys = torch.randint(0, 2, (steps, batch, 20)).float(), torch.randn(steps, batch, 2)
+    opt = opt_cls(net.parameters(), **adam)
+    flat, run = FlatAdam(), fused_steps.mlp_mse_steps if kernel == "torch" else native.mlp_mse_steps
+    preds = []
+    for x, y in zip(xs.split(steps // 3), ys.split(steps // 3), strict=True):  # three batches, as a learner runs
+        preds.append(run(list(net.layers), flat.bind(opt, list(net.parameters())), x, y))
+        flat.release()
+    preds = torch.cat(preds)
+    state = [opt.state[p] for p in net.parameters()]
+    return {
+        "preds": preds,
+        "params": [p.detach().clone() for p in net.parameters()],
+        "exp_avg": [s["exp_avg"].clone() for s in state],
+        "exp_avg_sq": [s["exp_avg_sq"].clone() for s in state],
+        "step": [float(s["step"]) for s in state],
+    }
+
+
+@pytest.mark.parametrize(
+    ("hidden", "batch", "opt_cls", "adam"),
+    [
+        ([40], 1, torch.optim.Adam, {"lr": 1e-3}),
+        ([16, 8], 3, torch.optim.Adam, {"lr": 1e-3, "weight_decay": 1e-2, "betas": (0.8, 0.99)}),
+        ([40], 1, torch.optim.AdamW, {"lr": 1e-3, "weight_decay": 0.1, "eps": 1e-6}),
+        ([40], 1, torch.optim.Adam, {"lr": 1e-3, "fused": True}),
+    ],
+    ids=["scr-net", "two-hidden-coupled-decay", "adamw", "fused-adam"],
+)
+def test_native_mlp_steps_equal_the_torch_steps_to_rounding(hidden, batch, opt_cls, adam) -> None:
+    a = _mlp_run("torch", hidden, batch, 600, opt_cls, **adam)
+    b = _mlp_run("native", hidden, batch, 600, opt_cls, **adam)
+    torch.testing.assert_close(b["preds"], a["preds"], rtol=1e-5, atol=1e-5)
+    for key in ("params", "exp_avg", "exp_avg_sq"):
+        for x, y in zip(b[key], a[key], strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6, msg=key)
+    assert b["step"] == a["step"] == [600.0] * len(a["step"])
+
+
+def _scorer(hidden_layers: int) -> tuple[PairScorer, list[nn.Parameter]]:
+    torch.manual_seed(0)
+    scorer = PairScorer(20, 0, 20, hidden_layers)
+    return scorer, list(scorer.parameters())
+
+
+def _attention(kernel: str, hidden_layers: int, steps: int, supports: int = 100) -> tuple[torch.Tensor, ...]:
+    scorer, params = _scorer(hidden_layers)
+    _, flat = _bound(params, lr=1e-3, fused=True)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 2, (supports + steps, 20), generator=gen).float()
+    y = torch.randn(supports + steps, 1, generator=gen)
+    run = fused_steps.attention_mse_steps if kernel == "torch" else native.attention_mse_steps
+    preds = run(scorer.first, [*scorer.hidden, scorer.out], flat, x, y, supports)
+    flat.release()
+    return preds, flat.grad.clone(), y[supports:, None]
+
+
+@pytest.mark.parametrize("hidden_layers", [0, 1], ids=["scr-scorer", "hidden-layer"])
+def test_native_attention_step_equals_the_torch_step_to_rounding(hidden_layers: int) -> None:
+    """One step: prediction and every gradient to float32 rounding. Not the parameters: on this scorer some
+    gradients are exactly 0 in exact arithmetic (a shift common to every score of a query, and a unit active on
+    every support, leave the softmax unchanged), so both paths compute rounding noise there, which Adam turns into
+    steps of about ``lr`` of either sign."""
+    pred_t, grad_t, _ = _attention("torch", hidden_layers, 1)
+    pred_n, grad_n, _ = _attention("native", hidden_layers, 1)
+    torch.testing.assert_close(pred_n, pred_t, rtol=1e-6, atol=1e-7)
+    assert grad_t.abs().max() > 1e-3  # a real gradient; the tolerance: far below it, above the noise of the 0s
+    torch.testing.assert_close(grad_n, grad_t, rtol=1e-4, atol=1e-6 * float(grad_t.abs().max()))
+
+
+@pytest.mark.parametrize("hidden_layers", [0, 1], ids=["scr-scorer", "hidden-layer"])
+def test_native_attention_learns_as_the_torch_steps_do(hidden_layers: int) -> None:
+    """2,000 steps: the trajectories drift apart at the rounding level (see above), the learning does not: the mean
+    online error agrees to 1 %, and each path beats predicting the mean of the targets."""
+    errors = {}
+    for kernel in ("torch", "native"):
+        preds, _, y = _attention(kernel, hidden_layers, 2000, supports=20)
+        errors[kernel] = float((preds - y).pow(2).mean())
+    assert errors["native"] == pytest.approx(errors["torch"], rel=0.01)
+
+
+def _fit(config: str, root: Path, kernel: str, extra: list[str] | None = None, ckpt: str | None = None):
+    from cl_lightning.cli import main
+
+    cli = main(_args(config, root, 64, extra=[f"--model.init_args.step_kernel={kernel}", *(extra or [])]), run=False)
+    cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
+    return cli
+
+
+@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr"])
+def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(config: str, tmp_path: Path) -> None:
+    torch_run = _fit(config, tmp_path / "torch", "torch")
+    straight = _fit(config, tmp_path / "native", "native", extra=_checkpoint_each_task(tmp_path))
+    for name, value in torch_run.trainer.callback_metrics.items():  # task means of 300-point tasks
+        torch.testing.assert_close(straight.trainer.callback_metrics[name], value, rtol=2e-3, atol=1e-5, msg=name)
+    assert straight.trainer.global_step == torch_run.trainer.global_step > 0
+    resumed = _fit(config, tmp_path / "resumed", "native", ckpt=str(tmp_path / "ckpt" / "taskepoch=1.ckpt"))
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    for name, value in straight.trainer.callback_metrics.items():
+        assert torch.equal(value, resumed.trainer.callback_metrics[name]), name
+
+
+def test_learners_without_a_native_kernel_refuse_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from cl_lightning.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(_args("cbp_scr", tmp_path, 64, extra=["--model.init_args.step_kernel=native"]), run=False)
+    assert exited.value.code == 2
+    assert "ContinualBackprop has no native step kernel: use step_kernel='torch'" in capsys.readouterr().err
+
+
+def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from cl_lightning.learners import Backprop
+
+    monkeypatch.setenv("CC", "no-such-compiler-cl")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing built here yet
+    native.library.cache_clear()
+    try:
+        with pytest.raises(native.NativeUnavailableError, match="no C compiler: 'no-such-compiler-cl'"):
+            Backprop(input_shape=(20,), num_outputs=1, task_type="regression", step_kernel="native")
+    finally:
+        native.library.cache_clear()
+
+
+def test_an_optimiser_the_kernel_does_not_implement_keeps_the_torch_steps(tmp_path: Path) -> None:
+    """Backprop configured with AdamGnT: the fused step runs on the torch path, with one warning."""
+    extra = ["--model.init_args.optimizer=cl_lightning.nn.AdamGnT", "--data.stream.init_args.num_tasks=1"]
+    with pytest.warns(UserWarning, match="no native step kernel"):
+        cli = _fit("bp_scr", tmp_path, "native", extra=extra)
+    assert cli.trainer.global_step > 0
