@@ -20,7 +20,10 @@ points trained on. Variants:
   softmax, fused Adam; CBP: Backprop's net with AdamGnT and generate-and-test after each step, replacement rate
   1e-3, maturity 10);
 - ``hand floor``: the fused step's own loop (``nn.fused_steps``) called bare in this process on the same data,
-  no Lightning, no learner, no monitors: what the fused variant would cost with no framework around it.
+  no Lightning, no learner, no monitors: what the fused variant would cost with no framework around it;
+- ``native`` (Backprop, QOA): this tree as configured with ``--model.init_args.step_kernel=native``: the same steps
+  as one C loop per chunk (``nn.native``; equal to float32 rounding, not bit for bit);
+- ``native floor``: that C loop called bare in this process on the same data (one call for all the points).
 
 All variants of a round run back to back, the order reversed every other round (:func:`harness.interleave`).
 ``--pmnist`` adds the Permuted-MNIST demo configs (``configs/quick_demo.yaml``, Backprop and QOA, 3 tasks),
@@ -50,7 +53,7 @@ import torch
 from torch import Tensor, nn
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
-from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer
+from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, native
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
 from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_mse_steps
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
@@ -197,25 +200,29 @@ def _timed(run: Callable[[], Any], points: int) -> Callable[[], float]:
     return timed
 
 
-def _bp_hand_floor(points: int) -> Callable[[], float]:
-    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` over ``points`` points."""
+def _bp_hand_floor(points: int, run: Callable[..., Tensor] = mlp_mse_steps) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` (or ``run``) over ``points``
+    points."""
     torch.manual_seed(0)
     net = MLP(20, 1, [40])
     x, y = torch.randint(0, 2, (points, 1, 20)).float(), torch.randn(points, 1, 1)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4)
     adam = FlatAdam().bind(opt, list(net.parameters()))
-    return _timed(lambda: mlp_mse_steps(list(net.layers), adam, x, y), points)
+    return _timed(lambda: run(list(net.layers), adam, x, y), points)
 
 
-def _qoa_hand_floor(points: int, supports: int = 100) -> Callable[[], float]:
-    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` along ``points`` steps."""
+def _qoa_hand_floor(
+    points: int, supports: int = 100, run: Callable[..., Tensor] = attention_mse_steps
+) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` (or ``run``) along
+    ``points`` steps."""
     torch.manual_seed(0)
     scorer = PairScorer(20, 0, 20, 0)
     x, y = torch.randint(0, 2, (points + supports, 20)).float(), torch.randn(points + supports, 1)
     opt = torch.optim.Adam(scorer.parameters(), lr=1e-4, fused=True)
     adam = FlatAdam().bind(opt, list(scorer.parameters()))
     layers = [*scorer.hidden, scorer.out]
-    return _timed(lambda: attention_mse_steps(scorer.first, layers, adam, x, y, supports), points)
+    return _timed(lambda: run(scorer.first, layers, adam, x, y, supports), points)
 
 
 def _cbp_hand_floor(points: int) -> Callable[[], float]:
@@ -232,6 +239,13 @@ def _cbp_hand_floor(points: int) -> Callable[[], float]:
         gnt.step(layers, features, opt, torch.Generator().manual_seed(next(draws)))
 
     return _timed(lambda: mlp_mse_steps(layers, adam, x, y, generate_and_test), points)
+
+
+NATIVE = {  # the native kernel, bare: the hand floors' loops with nn.native's functions, one call for all the points
+    "bp": lambda points: _bp_hand_floor(points, native.mlp_mse_steps),
+    "qoa": lambda points: _qoa_hand_floor(points, run=native.attention_mse_steps),
+}
+NATIVE_ARG = "--model.init_args.step_kernel=native"
 
 
 def _checkout(rev: str, into: Path) -> Path:
@@ -284,10 +298,14 @@ def _scr_variants(
             )
         variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], scr, work, autograd=True)
         variants[f"scr {name} fused"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
+        if name in NATIVE:
+            variants[f"scr {name} native"] = lambda c=config: _fit_us(ROOT, [c], [*scr, NATIVE_ARG], work)
     for name in floors:
         floor, hand_floor = _FLOORS[name]
         variants[f"scr {name} floor"] = floor(size)
         variants[f"scr {name} hand floor"] = hand_floor(size)
+        if name in NATIVE:
+            variants[f"scr {name} native floor"] = NATIVE[name](size)
     return variants
 
 
@@ -322,10 +340,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for key, values in runs.items():
         stream, name, variant = key.split(" ", 2)
-        timed_fit = variant not in ("before", "floor", "hand floor")  # the ratios read a fit of this tree
+        timed_fit = variant not in ("before", "floor", "hand floor", "native floor")  # ratios read a fit of this tree
         ref = runs.get(f"{stream} {name} before")
         floors = [runs.get(f"{stream} {name} {f}") for f in ("floor", "hand floor")]
-        floors = [median(f) if f and variant not in ("floor", "hand floor") else None for f in floors]
+        floors = [median(f) if f and variant not in ("floor", "hand floor", "native floor") else None for f in floors]
         rows.append(_row(f"{stream} {name}", variant, values, median(ref) if ref and timed_fit else None, floors))
     columns = [
         "stream, learner",
