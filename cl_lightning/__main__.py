@@ -1,12 +1,14 @@
 """``python -m cl_lightning`` (and the ``cl-lightning`` script) runs the command line: ``fit``/``validate``/``test``
 (LightningCLI, :mod:`cl_lightning.cli`), ``sweep`` (a suite of experiments × seeds, :mod:`cl_lightning.sweep`) and
 ``report`` (its figures and table, :mod:`cl_lightning.report`). Every command reports a mistake in one ``error:``
-line with exit code 2 (:mod:`cl_lightning.errors`)."""
+line with exit code 2 (:mod:`cl_lightning.errors`). In a ``fit`` a SIGTERM / SIGINT has a defined outcome from
+before the CLI is imported until the process has exited (:mod:`cl_lightning.process_signals`)."""
 
 from __future__ import annotations
 
 import sys
 
+from cl_lightning import process_signals
 from cl_lightning.errors import did_you_mean, fail
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -31,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         hint = did_you_mean(command, COMMANDS)
         fail(f"no command '{command}'{hint}; choose one of: {', '.join(COMMANDS)}", hint=False)
     else:
+        if argv is None and command == "fit":  # the process's entry point: a signal has a defined outcome until exit
+            process_signals.watch()
         from cl_lightning.cli import main as cli
 
         cli(None if argv is None else args)

@@ -266,7 +266,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     quiet()
     fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
     try:
-        return CLI(
+        cli = CLI(
             ContinualLearner,
             StreamDataModule,
             subclass_mode_model=True,
@@ -289,6 +289,9 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         if run:
             CLI.stop.restore()
             release_all()
+    if run and cli.subcommand == "fit":
+        CLI.stop.finished()
+    return cli
 
 
 def _fail(error: BaseException, code: int) -> NoReturn:

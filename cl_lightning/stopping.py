@@ -4,7 +4,9 @@ A cluster scheduler, ``timeout`` or a sweep sends SIGTERM; Ctrl-C sends SIGINT. 
 CLI to every ``fit``) turns either into a flag, and at the next training or evaluation batch raises
 :class:`StopRequested`: the step under way finishes, a checkpoint being written completes (it is atomic anyway), and
 no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how to resume it, and
-exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it did not finish.
+exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it did not finish. A
+signal after the run's last step stops nothing: the run finished, and exits 0 with one line saying so
+(:mod:`cl_lightning.process_signals`, which also covers the process's start and exit).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from cl_lightning import process_signals
 from cl_lightning.checkpointing import CheckpointError, read_checkpoint
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -47,15 +50,24 @@ class GracefulStop(Callback):
         self._previous: dict[int, Any] = {}
 
     def install(self) -> None:
-        """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`."""
+        """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`, taking over a signal the process
+        received while it started (:func:`cl_lightning.process_signals.take`)."""
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
+        early = process_signals.take()
+        if early is not None:
+            self._handle(early, None)
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+    def finished(self) -> None:
+        """The run ran to its end (call after :meth:`restore`): a signal received after its last step, or from now on
+        until the process exits, changes nothing but one line (:func:`cl_lightning.process_signals.finished`)."""
+        process_signals.finished(self.signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:

@@ -135,7 +135,7 @@ ALLOWED = {
     "callbacks": {"metrics", "callbacks", "contract", "probing", "heap", "lightning_compat"},
     "data": {"data", "contract"},
     "__init__.py": set(),
-    "__main__.py": {"cli", "sweep", "report", "errors"},
+    "__main__.py": {"cli", "sweep", "report", "errors", "process_signals"},
     "cli.py": {
         "cli_messages",
         "compose",
@@ -158,7 +158,8 @@ ALLOWED = {
     "lightning_compat.py": set(),
     "probing.py": {"contract"},
     "runfolder.py": {"errors"},
-    "stopping.py": {"checkpointing"},
+    "process_signals.py": set(),
+    "stopping.py": {"checkpointing", "process_signals"},
     "suite.py": {"errors"},
     "sweep.py": {"suite", "report", "errors", "runfolder", "childproc"},
     "report.py": {"report_figures", "results", "contract", "errors", "departures"},

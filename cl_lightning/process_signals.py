@@ -1,0 +1,99 @@
+"""SIGTERM / SIGINT outside a ``fit``'s steps: while ``python -m cl_lightning fit`` starts, and after the run finished.
+
+:class:`~cl_lightning.stopping.GracefulStop` handles the signals from the moment the CLI's ``main`` installs it until
+that ``main`` returns. Around it the process would die by the signal: before, and once ``main`` has put back the
+handlers it replaced, Python's defaults apply (SIGINT: a ``KeyboardInterrupt`` traceback; SIGTERM: death), and while
+the interpreter shuts down Python itself resets every handler it set to the default, so even a handler left
+installed cannot save a process that receives a signal during its exit. The entry point (:mod:`cl_lightning.__main__`)
+therefore calls :func:`watch` before it imports the CLI (seconds of torch and Lightning), and from then until the
+process is gone a signal has a defined outcome:
+
+- **starting** (imports): the signal is recorded; :class:`~cl_lightning.stopping.GracefulStop` takes it over
+  (:func:`take`) and the run stops before its first step, as for a signal during config parsing: exit 128 + signal;
+- **finished** (``main`` returned from a ``fit`` that ran to its end: :func:`finished`): the run's files are
+  complete, so nothing was lost and the exit code stays 0, which is what the run is (a sweep records the trial
+  finished; 143 / 130 would have it resumed). One line on stderr says so, for the first signal (or for one the
+  ``fit`` received after its last step and did not act on); later ones change nothing;
+- **interpreter exit** (the last ``atexit`` callback): both signals are ignored (``SIG_IGN`` is the one setting
+  Python's shutdown keeps), so the exit code is the command's, whatever arrives.
+
+After a ``fit`` that ended with an exit code of its own (a stop, an error) a signal is recorded and changes nothing.
+Nothing here imports torch or Lightning.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+from dataclasses import dataclass
+from types import FrameType
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@dataclass
+class _State:
+    signum: int | None = None  # the first signal recorded while starting
+    finished: bool = False  # the command finished: a signal gets the line
+    said: bool = False  # the line was written
+
+    def reset(self, finished: bool = False) -> None:
+        self.signum, self.finished, self.said = None, finished, False
+
+
+_state = _State()
+
+
+def finished_message(signum: int) -> str:
+    """The line for a signal that came after the run had finished."""
+    name = signal.Signals(signum).name
+    return f"{name} arrived after the run had finished: nothing was lost (its files are complete); exit code 0\n"
+
+
+def _say_finished(signum: int) -> None:
+    if not _state.said:
+        _state.said = True
+        os.write(2, finished_message(signum).encode())  # not sys.stderr: this may run inside a signal handler
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    if _state.finished:
+        _say_finished(signum)
+    elif _state.signum is None:
+        _state.signum = signum
+
+
+def watch() -> None:
+    """From now until the process exits: record SIGTERM / SIGINT, and ignore them once the interpreter shuts down.
+
+    For the entry point of a process only (it replaces the handlers for good); callbacks registered with ``atexit``
+    later (Lightning's, TensorBoard's) run before the one registered here.
+    """
+    _state.reset()
+    for signum in SIGNALS:
+        signal.signal(signum, _on_signal)
+    atexit.register(_ignore)
+
+
+def _ignore() -> None:
+    for signum in SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def take() -> int | None:
+    """The signal recorded since :func:`watch` (the first), handed over to the caller: forgotten here."""
+    signum = _state.signum
+    _state.reset()
+    return signum
+
+
+def finished(signum: int | None = None) -> None:
+    """The command finished and its files are complete: a signal from now on gets the line of
+    :func:`finished_message` (once) and leaves the exit code 0. ``signum``: one the command received and did not act
+    on (it came after a ``fit``'s last step), answered now; so is one recorded here since the command's handlers
+    were put back."""
+    pending = signum or _state.signum
+    _state.reset(finished=True)
+    if pending is not None:
+        _say_finished(pending)

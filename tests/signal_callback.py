@@ -1,0 +1,33 @@
+"""A test-only callback for ``python -m cl_lightning fit`` in a subprocess (``tests/`` on its ``PYTHONPATH``):
+``--trainer.callbacks+=signal_callback.SignalAfterFit --trainer.callbacks.signum=15 --trainer.callbacks.marker=F``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+class SignalAfterFit(Callback):
+    """Sends its own process ``signum`` after the run's last step, then marks the end of ``Trainer.fit``.
+
+    Args:
+        signum: the signal sent from ``on_train_end`` (just after "``Trainer.fit`` stopped: ``max_epochs`` reached";
+            Lightning's own teardown, which puts back the handlers it replaced, is still to come).
+        marker: a file created from ``teardown`` (the last hook of ``fit``): from then on the test sends more.
+    """
+
+    def __init__(self, signum: int, marker: str) -> None:
+        self.signum = signum
+        self.marker = marker
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Signal this process once the last task is done."""
+        os.kill(os.getpid(), self.signum)
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Mark the end of ``fit``."""
+        if stage == "fit":
+            Path(self.marker).touch()
