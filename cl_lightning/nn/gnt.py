@@ -238,8 +238,9 @@ class GenerateAndTest(nn.Module):
     ) -> list[Tensor]:
         """After this step's test: replace the ``counts[i]`` eligible units of lowest ``bias_corrected_util_i`` of
         each layer ``i`` (:meth:`next_counts`), every layer tested before any is changed, as the reference; the
-        replaced indices per layer. ``h_hats``: each layer's ĥ from the test (``None``: from the buffers)."""
-        if h_hats is None:  # tested in C (the native kernel): ĥ, which only the bias correction reads, from the buffers
+        replaced indices per layer. ``h_hats``: each layer's ĥ from the test (``None``: from the buffers, if the
+        next-layer bias correction reads it)."""
+        if h_hats is None and self.next_bias_correction:  # tested in C (the native kernel): ĥ from the buffers
             h_hats = [self.buffer("mean_act", i) / self._bias_correction(i) for i in range(self.num_layers)]
         replaced = []
         for i, count in enumerate(counts):
@@ -247,7 +248,7 @@ class GenerateAndTest(nn.Module):
                 replaced.append(self._no_units(layers[i].weight.device))
                 continue
             index = self._choose(i, count)
-            self._generate(i, layers[i], layers[i + 1], index, h_hats[i], generator)
+            self._generate(i, layers[i], layers[i + 1], index, h_hats[i] if h_hats else None, generator)
             if isinstance(optimizer, AdamGnT):
                 optimizer.reset_state(layers[i].weight, index, 0)
                 optimizer.reset_state(layers[i].bias, index, 0)
@@ -319,7 +320,7 @@ class GenerateAndTest(nn.Module):
         return count
 
     def _generate(
-        self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor, gen: torch.Generator
+        self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor | None, gen: torch.Generator
     ) -> None:
         """Redraw incoming weights, zero incoming bias and outgoing weights, reset ages (``gen_new_features``)."""
         bound = _BOUNDS[self.init](layer.in_features, layer.out_features)
