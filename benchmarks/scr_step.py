@@ -21,8 +21,9 @@ points trained on. Variants:
   1e-3, maturity 10);
 - ``hand floor``: the fused step's own loop (``nn.fused_steps``) called bare in this process on the same data,
   no Lightning, no learner, no monitors: what the fused variant would cost with no framework around it;
-- ``native`` (Backprop, QOA): this tree as configured with ``--model.init_args.step_kernel=native``: the same steps
-  as one C loop per chunk (``nn.native``; equal to float32 rounding, not bit for bit);
+- ``native``: this tree as configured with ``--model.init_args.step_kernel=native``: the same steps as one C loop
+  per chunk (``nn.native``; equal to float32 rounding, not bit for bit; CBP: the C loop runs from one replacement to
+  the next, the replacements in Python);
 - ``native floor``: that C loop called bare in this process on the same data (one call for all the points).
 
 All variants of a round run back to back, the order reversed every other round (:func:`harness.interleave`).
@@ -225,9 +226,10 @@ def _qoa_hand_floor(
     return _timed(lambda: run(scorer.first, layers, adam, x, y, supports), points)
 
 
-def _cbp_hand_floor(points: int) -> Callable[[], float]:
+def _cbp_hand_floor(points: int, kernel: str = "torch") -> Callable[[], float]:
     """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` with AdamGnT on a flat tensor
-    and generate-and-test after each update."""
+    and generate-and-test after each update (``kernel="native"``: :func:`~cl_lightning.nn.native.cbp_mse_steps`, the
+    same steps and replacements, one call for all the points)."""
     torch.manual_seed(0)
     net, gnt, draws = MLP(20, 1, [40]), _gnt(), itertools.count()
     layers = list(net.layers)
@@ -238,12 +240,15 @@ def _cbp_hand_floor(points: int) -> Callable[[], float]:
     def generate_and_test(features: list[Tensor]) -> None:
         gnt.step(layers, features, opt, torch.Generator().manual_seed(next(draws)))
 
+    if kernel == "native":  # a generator at each replacement only (the torch loop makes one a step)
+        return _timed(lambda: native.cbp_mse_steps(layers, adam, gnt, x, y, opt, torch.Generator().manual_seed), points)
     return _timed(lambda: mlp_mse_steps(layers, adam, x, y, generate_and_test), points)
 
 
 NATIVE = {  # the native kernel, bare: the hand floors' loops with nn.native's functions, one call for all the points
     "bp": lambda points: _bp_hand_floor(points, native.mlp_mse_steps),
     "qoa": lambda points: _qoa_hand_floor(points, run=native.attention_mse_steps),
+    "cbp": lambda points: _cbp_hand_floor(points, "native"),
 }
 NATIVE_ARG = "--model.init_args.step_kernel=native"
 

@@ -310,6 +310,6 @@ def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossov
 def test_scr_step() -> None:
     runs = _main("scr_step")["us_per_step"]  # --small: Backprop's child fits, every learner's floors
     floors = {f"scr {learner} {v}" for learner in ("bp", "qoa", "cbp") for v in ("floor", "hand floor")}
-    native = {"scr bp native", "scr bp native floor", "scr qoa native floor"}
+    native = {"scr bp native", "scr bp native floor", "scr qoa native floor", "scr cbp native floor"}
     assert set(runs) == floors | native | {"scr bp autograd", "scr bp fused"}
     assert all(len(r) == 1 and 0 < r[0] < 1e6 for r in runs.values())

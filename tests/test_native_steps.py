@@ -4,6 +4,9 @@ and refused clearly where they do not apply."""
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -11,8 +14,8 @@ import torch
 from test_scr_steps import _args, _checkpoint_each_task
 from torch import nn
 
-from cl_lightning.nn import MLP, PairScorer, fused_steps, native
-from cl_lightning.nn.flat_adam import FlatAdam
+from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, fused_steps, native
+from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -105,6 +108,89 @@ def test_native_attention_learns_as_the_torch_steps_do(hidden_layers: int) -> No
     assert errors["native"] == pytest.approx(errors["torch"], rel=0.01)
 
 
+def _generator(first: int, t: int) -> torch.Generator:
+    return torch.Generator().manual_seed(first + t)
+
+
+def _generate_and_test(gnt: GenerateAndTest, layers: list, opt: AdamGnT, seeds: Iterator[int], h: list) -> None:
+    gnt.step(layers, h, opt, torch.Generator().manual_seed(next(seeds)))
+
+
+def _cbp_run(kernel: str, hidden: list[int], batch: int, steps: int, gnt_args: dict, **adam: object) -> dict:
+    """Continual Backprop's fused steps (AdamGnT on a flat tensor, generate-and-test after each update) in three
+    batches, each step's draws from a generator seeded by its number; records every replacement as (step, layer,
+    units)."""
+    torch.manual_seed(0)
+    net = MLP(20, 1, hidden)
+    layers, params = list(net.layers), list(net.parameters())
+    gen = torch.Generator().manual_seed(1)
+    xs, ys = torch.randint(0, 2, (steps, batch, 20), generator=gen).float(), torch.randn(steps, batch, 1, generator=gen)
+    opt, gnt, flat = AdamGnT(params, **adam), GenerateAndTest(hidden, maturity_threshold=10, **gnt_args), FlatAdamGnT()
+    replaced, generate = [], gnt._generate
+
+    def record(i: int, layer: nn.Linear, consumer: nn.Linear, index: torch.Tensor, *rest: object) -> None:
+        replaced.append((rest[-1].initial_seed(), i, index.tolist()))  # the generator's seed is the step number
+        generate(i, layer, consumer, index, *rest)
+
+    gnt._generate = record
+    preds, done = [], 0
+    for x, y in zip(xs.split(steps // 3), ys.split(steps // 3), strict=True):
+        bound, seeds = flat.bind(opt, params), itertools.count(done)
+        if kernel == "torch":
+            after = partial(_generate_and_test, gnt, layers, opt, seeds)
+            preds.append(fused_steps.mlp_mse_steps(layers, bound, x, y, after))
+        else:
+            preds.append(native.cbp_mse_steps(layers, bound, gnt, x, y, opt, partial(_generator, done)))
+        done += x.shape[0]
+    state = [opt.state[p] for p in params]
+    return {
+        "preds": torch.cat(preds),
+        "replaced": replaced,
+        "params": [p.detach().clone() for p in params],
+        **{key: [s[key].clone() for s in state] for key in ("element_step", "exp_avg", "exp_avg_sq")},
+        "gnt": {k: v.clone() for k, v in gnt.state_dict().items()},
+    }
+
+
+CBP_CASES = {  # id -> (hidden, batch, generate-and-test arguments, AdamGnT arguments)
+    "scr-net": ([40], 1, {"replacement_rate": 2e-3}, {"lr": 1e-3}),
+    "reference-rule": ([40], 1, {"replacement_rate": 2e-3}, {"lr": 1e-3, "update_rule": "reference"}),
+    "no-replacement": ([40], 1, {"replacement_rate": 0.0}, {"lr": 1e-3}),  # no test either, as the reference
+    "two-hidden-contribution-decay": (
+        [16, 8],
+        2,
+        {"replacement_rate": 5e-3, "utility": "contribution", "next_bias_correction": True},
+        {"lr": 1e-3, "weight_decay": 1e-2, "betas": (0.8, 0.99)},
+    ),
+}
+
+
+CBP_TOL = {"rtol": 1e-5, "atol": 1e-6}  # measured: every difference within a quarter of it
+
+
+@pytest.mark.parametrize("case", list(CBP_CASES))
+def test_native_cbp_steps_equal_the_torch_steps_to_rounding(case: str) -> None:
+    """300 steps with replacements: the same units replaced at the same steps with the same draws; weights, AdamGnT
+    state and generate-and-test's buffers equal to float32 rounding, the step counts and ages exactly."""
+    hidden, batch, gnt_args, adam = CBP_CASES[case]
+    a = _cbp_run("torch", hidden, batch, 300, gnt_args, **adam)
+    b = _cbp_run("native", hidden, batch, 300, gnt_args, **adam)
+    assert len(a["replaced"]) >= 5 if gnt_args["replacement_rate"] else not a["replaced"]
+    assert b["replaced"] == a["replaced"]
+    torch.testing.assert_close(b["preds"], a["preds"], **CBP_TOL)
+    for key in ("params", "exp_avg", "exp_avg_sq"):
+        for x, y in zip(b[key], a[key], strict=True):
+            torch.testing.assert_close(x, y, **CBP_TOL, msg=key)
+    for x, y in zip(b["element_step"], a["element_step"], strict=True):
+        assert torch.equal(x, y)  # restarted rows and columns included
+    assert b["gnt"].keys() == a["gnt"].keys()
+    for key, value in a["gnt"].items():  # utilities, mean activations: rounding; ages, counts, carried fractions: exact
+        if value.dtype == torch.float32:
+            torch.testing.assert_close(b["gnt"][key], value, **CBP_TOL, msg=key)
+        else:
+            assert torch.equal(b["gnt"][key], value), key
+
+
 def _fit(config: str, root: Path, kernel: str, extra: list[str] | None = None, ckpt: str | None = None):
     from cl_lightning.cli import main
 
@@ -113,13 +199,19 @@ def _fit(config: str, root: Path, kernel: str, extra: list[str] | None = None, c
     return cli
 
 
-@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr"])
+@pytest.mark.parametrize("config", ["bp_scr", "qoa_scr", "cbp_scr"])
 def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(config: str, tmp_path: Path) -> None:
+    """CBP: units replaced in every task (about 12 a task), the same ones in both runs (its buffers compared)."""
     torch_run = _fit(config, tmp_path / "torch", "torch")
     straight = _fit(config, tmp_path / "native", "native", extra=_checkpoint_each_task(tmp_path))
     for name, value in torch_run.trainer.callback_metrics.items():  # task means of 300-point tasks
         torch.testing.assert_close(straight.trainer.callback_metrics[name], value, rtol=2e-3, atol=1e-5, msg=name)
     assert straight.trainer.global_step == torch_run.trainer.global_step > 0
+    if config == "cbp_scr":  # the same units replaced at the same steps: equal ages and counts
+        gnt_torch, gnt_native = torch_run.model.gnt, straight.model.gnt
+        assert int(gnt_native.buffer("replaced", 0)) >= 20
+        for name in ("age", "replaced", "to_replace"):
+            assert torch.equal(gnt_native.buffer(name, 0), gnt_torch.buffer(name, 0)), name
     resumed = _fit(config, tmp_path / "resumed", "native", ckpt=str(tmp_path / "ckpt" / "taskepoch=1.ckpt"))
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     for k in a:
@@ -128,13 +220,31 @@ def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(confi
         assert torch.equal(value, resumed.trainer.callback_metrics[name]), name
 
 
-def test_learners_without_a_native_kernel_refuse_it(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+@pytest.mark.parametrize(
+    ("config", "extra", "message"),
+    [
+        (
+            "ewc_pmnist",
+            ["--data.stream.init_args.train_size=400"],
+            "EWC has no native step kernel: use step_kernel='torch'",
+        ),
+        (
+            "cbp_scr",
+            ["--model.init_args.accumulate=false"],
+            "ContinualBackprop's native step kernel needs accumulate=True",
+        ),
+    ],
+    ids=["ewc", "cbp-accumulate-false"],
+)
+def test_what_the_native_kernels_do_not_implement_is_refused(
+    config: str, extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from cl_lightning.cli import main
 
     with pytest.raises(SystemExit) as exited:
-        main(_args("cbp_scr", tmp_path, 64, extra=["--model.init_args.step_kernel=native"]), run=False)
+        main(_args(config, tmp_path, 64, extra=["--model.init_args.step_kernel=native", *extra]), run=False)
     assert exited.value.code == 2
-    assert "ContinualBackprop has no native step kernel: use step_kernel='torch'" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -150,9 +260,25 @@ def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: 
         native.library.cache_clear()
 
 
-def test_an_optimiser_the_kernel_does_not_implement_keeps_the_torch_steps(tmp_path: Path) -> None:
-    """Backprop configured with AdamGnT: the fused step runs on the torch path, with one warning."""
-    extra = ["--model.init_args.optimizer=cl_lightning.nn.AdamGnT", "--data.stream.init_args.num_tasks=1"]
-    with pytest.warns(UserWarning, match="no native step kernel"):
-        cli = _fit("bp_scr", tmp_path, "native", extra=extra)
+@pytest.mark.parametrize(
+    ("config", "extra", "reason"),
+    [
+        (
+            "bp_scr",
+            ["--model.init_args.optimizer=cl_lightning.nn.AdamGnT"],
+            "the optimiser is AdamGnT, not Adam / AdamW",
+        ),
+        ("cbp_scr", ["--trainer.precision=64-true"], "the parameters are not float32 on the CPU"),
+    ],
+    ids=["bp-adamgnt", "cbp-float64"],
+)
+def test_what_the_kernel_does_not_implement_keeps_the_torch_steps(
+    config: str, extra: list[str], reason: str, tmp_path: Path
+) -> None:
+    """Backprop configured with AdamGnT, CBP in float64: the fused step runs on the torch path, with one warning."""
+    with pytest.warns(UserWarning, match="no native step kernel") as warned:
+        cli = _fit(config, tmp_path, "native", extra=[*extra, "--data.stream.init_args.num_tasks=1"])
+    assert [str(w.message) for w in warned if "no native step kernel" in str(w.message)] == [
+        f"{type(cli.model).__name__}: no native step kernel ({reason}); torch fused steps"
+    ]
     assert cli.trainer.global_step > 0

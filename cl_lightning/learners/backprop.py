@@ -8,7 +8,7 @@ ReLU, Kaiming-uniform init (the code; the table says Xavier), Adam lr 1e-4, one 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from torch import Tensor, nn
 
@@ -17,6 +17,7 @@ from cl_lightning.learners import fused
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
 from cl_lightning.nn.mlp import MLP, InitName
 
 
@@ -33,10 +34,13 @@ class Backprop(ContinualLearner):
         step_kernel: What runs the fused one-point regression steps: ``"torch"`` (hand-written gradients as torch
             operations, autograd's numbers bit for bit) or ``"native"`` (the same algorithm as one C loop per chunk,
             :mod:`cl_lightning.nn.native`: equal to float32 rounding per step, many times faster on slowly changing
-            regression; needs a C compiler). Plain Backprop only (its subclasses step differently).
+            regression; needs a C compiler). Backprop and Continual Backprop (which has its own kernel); refused
+            by subclasses that step otherwise (EWC).
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """
+
+    native_optimizer: ClassVar[type[FlatOptimizer]] = FlatAdam  # the flat optimiser native_steps implements
 
     def __init__(
         self,
@@ -48,13 +52,18 @@ class Backprop(ContinualLearner):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if step_kernel != "torch" and type(self).learn_chunk is not Backprop.learn_chunk:
+        if step_kernel != "torch" and not self.has_native_kernel():
             raise ValueError(f"{type(self).__name__} has no native step kernel: use step_kernel='torch'")
         fused.check_step_kernel(step_kernel)
         self.step_kernel = step_kernel
         hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.net = MLP(features, self.num_outputs, hidden, init=init)
+
+    @classmethod
+    def has_native_kernel(cls) -> bool:
+        """Whether ``step_kernel="native"`` applies: Backprop's own chunk step, taken in ``StreamSteps`` batches."""
+        return cls.learns_steps() and cls.learn_chunk is Backprop.learn_chunk
 
     def predict(self, x: Tensor) -> Tensor:
         """Logits (classification) or values (regression) of a batch of inputs."""
@@ -93,18 +102,24 @@ class Backprop(ContinualLearner):
         self, batch: StreamSteps, start: int, after_step: Callable[[list[Tensor]], object] | None = None
     ) -> Tensor | None:
         """:meth:`learn_fused`'s steps, with ``after_step`` called on each step's hidden features after its update
-        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`); ``None`` where no fused step applies."""
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or :meth:`native_steps` (which does what
+        ``after_step`` does) with ``step_kernel="native"``; ``None`` where no fused step applies."""
         if not isinstance(self.encoder, nn.Flatten):
             return fused.refuse(self)
         adam = fused.fused_adam(self)
         if adam is None:
             return None
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
-        if after_step is None and fused.uses_native(self, adam):
-            preds = native.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        if fused.uses_native(self, adam, self.native_optimizer):
+            preds = self.native_steps(adam, x, y.to(x.dtype))
         else:
             preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype), after_step)
         return fused.finish_fused(self, adam, preds, y, x.shape[1])
+
+    def native_steps(self, adam: FlatOptimizer, xs: Tensor, ys: Tensor) -> Tensor:
+        """:meth:`fused_mlp_steps`' steps in C (``step_kernel="native"``): ``xs (T, B, D)``, ``ys (T, B, k)``
+        ``-> predictions (T, B, k)`` (:func:`~cl_lightning.nn.native.mlp_mse_steps`)."""
+        return native.mlp_mse_steps(list(self.net.layers), adam, xs, ys)
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """The network's predictions on the queries (Backprop has no use for the context)."""

@@ -16,7 +16,9 @@ stale silently, is refused in ``configure_optimizers``.
 
 One-point streams (slowly changing regression, ``StreamSteps`` batches): :meth:`learn_fused` computes
 :meth:`learn_chunk`'s numbers bit for bit with hand-written gradients and AdamGnT over views of one flat tensor,
-generate-and-test after each update as here (``tests/test_fused_steps.py``).
+generate-and-test after each update as here (``tests/test_fused_steps.py``). ``step_kernel="native"`` runs those
+steps and generate-and-test's test in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`), to float32 rounding; the
+rare replacements stay in Python, so the redrawn weights are the torch path's draws.
 
 DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
 examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the
@@ -35,7 +37,9 @@ from torch import Tensor
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.backprop import Backprop
+from cl_lightning.nn import native
 from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.flat_adam import FlatAdamGnT, FlatOptimizer
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
 
 
@@ -59,9 +63,15 @@ class ContinualBackprop(Backprop):
         optimizer: Optimiser factory: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (default, lr 1e-4) or
             ``torch.optim.SGD``.
         **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
-            [200, 200, 200, 200], Kaiming-uniform init; generate-and-test acts on the MLP head only) and ``seed``,
-            the seed of the redrawn weights (draws depend on ``(seed, step)`` only).
+            [200, 200, 200, 200], Kaiming-uniform init; generate-and-test acts on the MLP head only), ``seed``,
+            the seed of the redrawn weights (draws depend on ``(seed, step)`` only), and ``step_kernel``:
+            ``"native"`` runs the fused one-point steps with AdamGnT and generate-and-test's test in C
+            (:func:`~cl_lightning.nn.native.cbp_mse_steps`: equal to the torch path to float32 rounding, the
+            replacements and their draws in Python as there); it needs ``accumulate=True`` and, to apply,
+            AdamGnT on float32 CPU parameters (else the torch fused steps run, with one warning).
     """
+
+    native_optimizer = FlatAdamGnT
 
     def __init__(
         self,
@@ -88,6 +98,16 @@ class ContinualBackprop(Backprop):
             replacement_init,
             next_bias_correction,
         )
+        if self.step_kernel == "native" and not accumulate:
+            raise ValueError(
+                "ContinualBackprop's native step kernel needs accumulate=True (accumulate=False draws a random "
+                "number at every step to round the replacement count): use step_kernel='torch'"
+            )
+
+    @classmethod
+    def has_native_kernel(cls) -> bool:
+        """Whether ``step_kernel="native"`` applies: this class's chunk step, taken in ``StreamSteps`` batches."""
+        return cls.learns_steps() and cls.learn_chunk is ContinualBackprop.learn_chunk
 
     def predict_with_features(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Outputs and the post-ReLU features of every hidden layer (the same computation as ``MLP.forward``)."""
@@ -135,6 +155,17 @@ class ContinualBackprop(Backprop):
         if loss is not None:  # the steps step_generator would have counted, at once
             self.count_steps(batch.x.shape[0] - start)
         return loss
+
+    def native_steps(self, adam: FlatOptimizer, xs: Tensor, ys: Tensor) -> Tensor:
+        """:meth:`learn_fused`'s steps in C, generate-and-test included (``step_kernel="native"``,
+        :func:`~cl_lightning.nn.native.cbp_mse_steps`); step ``t`` of the chunk draws from the generator of step
+        ``steps taken + t``, as the torch path."""
+        first = self._steps
+
+        def generator_at(t: int) -> torch.Generator:
+            return self.generator_at(first + t)
+
+        return native.cbp_mse_steps(list(self.net.layers), adam, self.gnt, xs, ys, self._plain_optimizer, generator_at)
 
     def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:
         """Generate-and-test after the optimiser step (``ContinualBackprop.learn``); ``learn_chunk`` did it already

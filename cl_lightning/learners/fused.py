@@ -61,13 +61,13 @@ def check_step_kernel(step_kernel: StepKernel) -> None:
         native.library()
 
 
-def uses_native(learner: ContinualLearner, adam: FlatOptimizer) -> bool:
+def uses_native(learner: ContinualLearner, adam: FlatOptimizer, kind: type[FlatOptimizer] = FlatAdam) -> bool:
     """Whether this batch's fused steps run in the C kernels: the learner asks for them (``step_kernel``) and they
-    implement its optimiser (:func:`cl_lightning.nn.native.refusal`; a refusal is warned of once per learner, and
-    the torch fused step runs instead)."""
+    implement its optimiser as ``kind`` (:func:`cl_lightning.nn.native.refusal`; a refusal is warned of once per
+    learner, and the torch fused step runs instead)."""
     if getattr(learner, "step_kernel", "torch") != "native":
         return False
-    reason = native.refusal(adam)
+    reason = native.refusal(adam, kind)
     if reason is not None and not learner.__dict__.get("_native_warned"):
         learner.__dict__["_native_warned"] = True
         warnings.warn(f"{type(learner).__name__}: no native step kernel ({reason}); torch fused steps", stacklevel=3)

@@ -204,13 +204,51 @@ class GenerateAndTest(nn.Module):
         assert len(features) == self.num_layers
         if self.replacement_rate == 0:
             return [self._no_units(f.device) for f in features]
-        tested = [self._test(i, layers[i], layers[i + 1], features[i], generator) for i in range(self.num_layers)]
+        h_hats = [self._test(i, layers[i], layers[i + 1], features[i]) for i in range(self.num_layers)]
+        counts = self.next_counts(generator)
+        self.store_carried()
+        return self.replace(layers, counts, optimizer, generator, h_hats)
+
+    def next_counts(self, generator: torch.Generator | None) -> list[int]:
+        """One step of the host counts: every unit one step older, then how many units each layer replaces (the
+        chosen ones restart at age 0 here; :meth:`replace` chooses them). Host arithmetic only, so a caller may run
+        it ahead of the tests (the native kernel; ``generator`` is read only with ``accumulate=False``)."""
+        counts = []
+        for i, host in enumerate(self._host):
+            eligible = host.tick(self.maturity_threshold)
+            count = min(self._count(i, eligible, generator), eligible)
+            if count:
+                host.replace(count)
+            counts.append(count)
+        return counts
+
+    def store_carried(self) -> None:
+        """Write the host's carried fractions into the ``to_replace_i`` buffers (what checkpoints keep)."""
+        for i, host in enumerate(self._host):
+            self.buffer("to_replace", i).fill_(host.carried)
+
+    @torch.no_grad()
+    def replace(
+        self,
+        layers: Sequence[nn.Linear],
+        counts: list[int],
+        optimizer: torch.optim.Optimizer | None,
+        generator: torch.Generator,
+        h_hats: list[Tensor] | None = None,
+    ) -> list[Tensor]:
+        """After this step's test: replace the ``counts[i]`` eligible units of lowest ``bias_corrected_util_i`` of
+        each layer ``i`` (:meth:`next_counts`), every layer tested before any is changed, as the reference; the
+        replaced indices per layer. ``h_hats``: each layer's ĥ from the test (``None``: from the buffers, if the
+        next-layer bias correction reads it)."""
+        if h_hats is None and self.next_bias_correction:  # tested in C (the native kernel): ĥ from the buffers
+            h_hats = [self.buffer("mean_act", i) / self._bias_correction(i) for i in range(self.num_layers)]
         replaced = []
-        for i, (index, h_hat) in enumerate(tested):  # every layer tested before any is changed, as the reference
-            if index is None:  # known on the host: no device read
-                replaced.append(self._no_units(features[i].device))
+        for i, count in enumerate(counts):
+            if count == 0:  # known on the host: no device read
+                replaced.append(self._no_units(layers[i].weight.device))
                 continue
-            self._generate(i, layers[i], layers[i + 1], index, h_hat, generator)
+            index = self._choose(i, count)
+            self._generate(i, layers[i], layers[i + 1], index, h_hats[i] if h_hats else None, generator)
             if isinstance(optimizer, AdamGnT):
                 optimizer.reset_state(layers[i].weight, index, 0)
                 optimizer.reset_state(layers[i].bias, index, 0)
@@ -234,39 +272,42 @@ class GenerateAndTest(nn.Module):
             self._constants[key] = constants
         return constants
 
-    def _test(
-        self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor, gen: torch.Generator
-    ) -> tuple[Tensor | None, Tensor]:
-        """Update ages and utilities of layer ``i``; the units to replace, ascending (``test_features``; ``None``
-        for none), and ĥ."""
+    def _bias_correction(self, i: int) -> Tensor:
+        """``1 − η^age`` of layer ``i``'s units ``(H,)``: Adam-style bias correction of the running averages."""
+        age, util = self.buffer("age", i), self.buffer("util", i)
+        op_eta, one, _ = self._operands(util, age)
+        return torch.sub(one, torch.pow(op_eta, age.to(util.dtype)))
+
+    def _test(self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor) -> Tensor:
+        """Update the ages and utilities of layer ``i`` (``test_features``); ĥ."""
         eta = self.decay_rate
         age, util, mean_act = self.buffer("age", i), self.buffer("util", i), self.buffer("mean_act", i)
-        op_eta, one, age_one = self._operands(util, age)
+        op_eta, _, age_one = self._operands(util, age)
         age.add_(age_one)
-        eligible_count = self._host[i].tick(self.maturity_threshold)
-        bc = torch.sub(one, torch.pow(op_eta, age.to(util.dtype)))  # (H,) 1 − η^age: Adam-style bias correction
+        bc = self._bias_correction(i)  # (H,)
         util.mul_(op_eta)
         mean_act.mul_(op_eta).add_(batch_mean(h).to(util.dtype), alpha=1 - eta)
         h_hat = mean_act / bc
         out_mag = batch_mean(consumer.weight.abs())  # (H,) mean over the units this one feeds
         in_mag = layer.weight.abs().mean(1)  # (H,) mean over this unit's inputs
         util.add_(_UTILITIES[self.utility](h.to(util.dtype), h_hat, out_mag, in_mag), alpha=1 - eta)
-        corrected = torch.div(util, bc, out=self.buffer("bias_corrected_util", i))
-        count = min(self._count(i, eligible_count, gen), eligible_count)
-        if count == 0:
-            return None, h_hat
-        eligible = age > self.maturity_threshold
-        by_util = corrected.argsort(stable=True)  # lowest utility first, ties to the lower index
+        torch.div(util, bc, out=self.buffer("bias_corrected_util", i))
+        return h_hat
+
+    def _choose(self, i: int, count: int) -> Tensor:
+        """The ``count`` eligible units of layer ``i`` of lowest ``bias_corrected_util``, ascending; their utility
+        and mean activation zeroed."""
+        eligible = self.buffer("age", i) > self.maturity_threshold
+        by_util = self.buffer("bias_corrected_util", i).argsort(stable=True)  # lowest first, ties to the lower index
         order = by_util[(~eligible[by_util]).to(torch.int8).argsort(stable=True)]  # the eligible units first
         index = order[:count].sort().values
-        util[index] = 0
-        mean_act[index] = 0
-        self._host[i].replace(count)
-        return index, h_hat
+        self.buffer("util", i)[index] = 0
+        self.buffer("mean_act", i)[index] = 0
+        return index
 
-    def _count(self, i: int, eligible: int, gen: torch.Generator) -> int:
+    def _count(self, i: int, eligible: int, gen: torch.Generator | None) -> int:
         """How many units of layer ``i`` to replace this step, from ``eligible`` units (host arithmetic, float64 as
-        the reference's Python floats; ``to_replace_i`` keeps the carried fraction for checkpoints)."""
+        the reference's Python floats; :meth:`store_carried` keeps the carried fraction for checkpoints)."""
         host = self._host[i]
         expected = self.replacement_rate * eligible
         host.carried += expected  # the reference accumulates in both modes
@@ -276,11 +317,10 @@ class GenerateAndTest(nn.Module):
         else:
             draw = float(torch.rand((), generator=gen, dtype=torch.float64))  # the CPU generator: a host value
             count = int(draw <= expected and eligible > 0) if expected < 1 else math.floor(expected)
-        self.buffer("to_replace", i).fill_(host.carried)
         return count
 
     def _generate(
-        self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor, gen: torch.Generator
+        self, i: int, layer: nn.Linear, consumer: nn.Linear, index: Tensor, h_hat: Tensor | None, gen: torch.Generator
     ) -> None:
         """Redraw incoming weights, zero incoming bias and outgoing weights, reset ages (``gen_new_features``)."""
         bound = _BOUNDS[self.init](layer.in_features, layer.out_features)

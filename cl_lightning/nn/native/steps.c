@@ -81,6 +81,54 @@ static void linear_backward(const float *x, const float *w, const float *gy, flo
     }
 }
 
+/* Scratch memory of the MLP kernels for `batch` points: a, every layer's input and the output; g and g_next, two
+ * gradients of the widest layer (one allocation, freed through a). */
+typedef struct {
+    float *a, *g, *g_next;
+} mlp_scratch;
+
+static int mlp_scratch_alloc(mlp_scratch *s, int64_t layers, const int64_t *sizes, int64_t batch) {
+    int64_t acts = 0, widest = 0;
+    for (int64_t l = 0; l <= layers; l++) {
+        acts += batch * sizes[l];
+        if (sizes[l] > widest) widest = sizes[l];
+    }
+    s->a = malloc(sizeof(float) * (acts + 2 * batch * widest));
+    if (!s->a) return -1;
+    s->g = s->a + acts;
+    s->g_next = s->g + batch * widest;
+    return 0;
+}
+
+/* One step's prediction and MSE gradient of the MLP (ReLU between layers, linear output) on `batch` points x (B, D),
+ * targets y (B, k): pred (B, k) and every layer's gradient into grad. Leaves every layer's input in a (a[0..B·D) = x,
+ * then each hidden layer's post-ReLU features (B, H_l), then the output). */
+static void mlp_mse_grad(const float *flat, float *grad, int64_t layers, const int64_t *sizes, const int64_t *w_off,
+                         const int64_t *b_off, const float *x, const float *y, float *pred, int64_t batch,
+                         const mlp_scratch *s) {
+    const int64_t d = sizes[0], k = sizes[layers];
+    float *h = s->a, *g = s->g, *g_next = s->g_next;
+    memcpy(h, x, sizeof(float) * batch * d);
+    for (int64_t l = 0; l < layers; l++) {
+        float *next = h + batch * sizes[l];
+        linear(h, flat + w_off[l], flat + b_off[l], next, batch, sizes[l], sizes[l + 1], l + 1 < layers);
+        h = next;
+    }
+    const float scale = 2.0f / (float)(batch * k);
+    for (int64_t i = 0; i < batch * k; i++) {
+        pred[i] = h[i];
+        g[i] = scale * (h[i] - y[i]);
+    }
+    for (int64_t l = layers - 1; l >= 0; l--) {
+        h -= batch * sizes[l];
+        linear_backward(h, flat + w_off[l], g, grad + w_off[l], grad + b_off[l], l ? g_next : NULL, batch, sizes[l],
+                        sizes[l + 1]);
+        float *swap = g;
+        g = g_next;
+        g_next = swap;
+    }
+}
+
 /* MLP (ReLU between layers, linear output) on T chunks of B points: predict chunk t (preds, (T, B, k)), then one
  * Adam step on its MSE. Layer l: weight (sizes[l+1], sizes[l]) at flat + w_off[l], bias at flat + b_off[l]; the
  * same offsets index grad, exp_avg and exp_avg_sq. Returns 0, or -1 when scratch memory cannot be had. */
@@ -89,41 +137,146 @@ int mlp_mse_adam(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, in
                  float *preds, int64_t steps, int64_t batch, double first_step, double lr, double beta1, double beta2,
                  double eps, double weight_decay, int decoupled) {
     const adam_hyper hyper = {lr, beta1, beta2, eps, weight_decay, decoupled};
-    int64_t acts = 0, widest = 0;
-    for (int64_t l = 0; l <= layers; l++) {
-        acts += batch * sizes[l];
-        if (sizes[l] > widest) widest = sizes[l];
-    }
-    float *a = malloc(sizeof(float) * (acts + 2 * batch * widest)); /* every layer's input, then two gradients */
-    if (!a) return -1;
-    float *g = a + acts, *g_next = g + batch * widest;
+    mlp_scratch scratch;
+    if (mlp_scratch_alloc(&scratch, layers, sizes, batch)) return -1;
     const int64_t d = sizes[0], k = sizes[layers];
     for (int64_t t = 0; t < steps; t++) {
-        float *h = a;
-        memcpy(h, xs + t * batch * d, sizeof(float) * batch * d);
-        for (int64_t l = 0; l < layers; l++) {
-            float *next = h + batch * sizes[l];
-            linear(h, flat + w_off[l], flat + b_off[l], next, batch, sizes[l], sizes[l + 1], l + 1 < layers);
-            h = next;
-        }
-        const float *y = ys + t * batch * k;
-        float *pred = preds + t * batch * k;
-        const float scale = 2.0f / (float)(batch * k);
-        for (int64_t i = 0; i < batch * k; i++) {
-            pred[i] = h[i];
-            g[i] = scale * (h[i] - y[i]);
-        }
-        for (int64_t l = layers - 1; l >= 0; l--) {
-            h -= batch * sizes[l];
-            linear_backward(h, flat + w_off[l], g, grad + w_off[l], grad + b_off[l], l ? g_next : NULL, batch,
-                            sizes[l], sizes[l + 1]);
-            float *swap = g;
-            g = g_next;
-            g_next = swap;
-        }
+        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, xs + t * batch * d, ys + t * batch * k,
+                     preds + t * batch * k, batch, &scratch);
         adam_update(flat, grad, exp_avg, exp_avg_sq, numel, &hyper, first_step + (double)t);
     }
-    free(a);
+    free(scratch.a);
+    return 0;
+}
+
+/* ---- Continual Backprop: AdamGnT and generate-and-test's test (cl_lightning/nn/adam_gnt.py, nn/gnt.py) ---- */
+
+/* base^t for float32 t (powf), remembering the last exponent: the ages of a layer's units are equal but for the
+ * units replaced lately, so pow runs about once per run of equal ages, not once per unit. */
+typedef struct {
+    float base, t, value;
+} pow_memo;
+
+static inline float pow_at(pow_memo *memo, float t) {
+    if (t != memo->t) {
+        memo->t = t;
+        memo->value = powf(memo->base, t);
+    }
+    return memo->value;
+}
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay, one_minus_beta1, one_minus_beta2;
+    int reference; /* the reference snapshot's update rule, else "corrected" */
+} adam_gnt_hyper;
+
+/* One AdamGnT update of n elements (AdamGnT.step / FlatAdamGnT.update, in float32 as torch computes them), each
+ * element with its own step count t:
+ *   g ← g + λ·p (coupled L2 on a copy of the gradient), t ← t + 1, m ← β1·m + (1−β1)·g, v ← β2·v + (1−β2)·g²;
+ *   "corrected": p ← p − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε) (standard Adam with a per-element t);
+ *   "reference": p ← p − lr · (1−β2^t) / ((√v + ε) / m) (the authors' snapshot: the step-size correction computed
+ *   but not assigned, the denominator divided in place by m; shibhansh/loss-of-plasticity#12).
+ * The counts are equal over long runs of elements (only replaced units' rows and columns restarted), so β^t is taken
+ * once per run and the loops over a run vectorise (+ − × ÷ √ round alike in vector and scalar code). */
+static void adam_gnt_update(float *p, const float *grad, float *t, float *m, float *v, int64_t n,
+                            const adam_gnt_hyper *h) {
+    for (int64_t i = 0; i < n; i++) {
+        const float g = h->weight_decay != 0.0f ? grad[i] + h->weight_decay * p[i] : grad[i];
+        t[i] += 1.0f;
+        m[i] = m[i] * h->beta1 + h->one_minus_beta1 * g;
+        v[i] = v[i] * h->beta2 + h->one_minus_beta2 * g * g;
+    }
+    for (int64_t start = 0, stop; start < n; start = stop) {
+        const float count = t[start];
+        for (stop = start + 1; stop < n && t[stop] == count;) stop++;
+        const float one_minus_beta1_t = 1.0f - powf(h->beta1, count);
+        const float one_minus_beta2_t = 1.0f - powf(h->beta2, count);
+        if (h->reference)
+            for (int64_t i = start; i < stop; i++)
+                p[i] += -h->lr * (one_minus_beta2_t / ((sqrtf(v[i]) + h->eps) / m[i]));
+        else
+            for (int64_t i = start; i < stop; i++)
+                p[i] += -h->lr * ((m[i] / one_minus_beta1_t) / (sqrtf(v[i] / one_minus_beta2_t) + h->eps));
+    }
+}
+
+typedef struct {
+    float eta, one_minus_eta;
+    int adaptable; /* "adaptable_contribution", else "contribution" */
+} gnt_hyper;
+
+/* Generate-and-test's test of one hidden layer (GenerateAndTest._test; Dohare et al. 2024, lop/algos/gnt.py
+ * test_features) after the step's update: h (B, H) the layer's post-ReLU features from the forward pass before the
+ * update, w (H, in) its weight and w_next (out, H) its consumer's, both updated. Per unit, with η the decay rate:
+ *   age += 1, bc = 1 − η^age (Adam-style bias correction), util ← η·util,
+ *   mean_act ← η·mean_act + (1−η)·mean_B(h), ĥ = mean_act / bc,
+ *   out_mag = mean |w_next[:, u]|, in_mag = mean |w[u, :]|,
+ *   new = out_mag · mean_B|h − ĥ| / in_mag ("adaptable_contribution") or out_mag · mean_B|h| ("contribution"),
+ *   util ← util + (1−η)·new, bias_corrected_util = util / bc.
+ * Which units to replace is decided in Python (GenerateAndTest.replace), from these buffers. */
+static void gnt_test(const float *hid, int64_t batch, int64_t width, const float *w, int64_t in, const float *w_next,
+                     int64_t out, float *util, float *bc_util, float *mean_act, int64_t *age, const gnt_hyper *gh) {
+    pow_memo eta_age = {gh->eta, -1.0f, 0.0f};
+    for (int64_t u = 0; u < width; u++) {
+        age[u] += 1;
+        const float bc = 1.0f - pow_at(&eta_age, (float)age[u]);
+        util[u] *= gh->eta;
+        float sum = 0.0f;
+        for (int64_t b = 0; b < batch; b++) sum += hid[b * width + u];
+        mean_act[u] = mean_act[u] * gh->eta + gh->one_minus_eta * (sum / (float)batch);
+        const float h_hat = mean_act[u] / bc;
+        float out_sum = 0.0f, in_sum = 0.0f;
+        for (int64_t o = 0; o < out; o++) out_sum += fabsf(w_next[o * width + u]);
+        for (int64_t i = 0; i < in; i++) in_sum += fabsf(w[u * in + i]);
+        const float out_mag = out_sum / (float)out, in_mag = in_sum / (float)in;
+        float dev = 0.0f, fresh;
+        if (gh->adaptable) {
+            for (int64_t b = 0; b < batch; b++) dev += fabsf(hid[b * width + u] - h_hat);
+            fresh = out_mag * (dev / (float)batch) / in_mag;
+        } else {
+            for (int64_t b = 0; b < batch; b++) dev += fabsf(hid[b * width + u]);
+            fresh = out_mag * (dev / (float)batch);
+        }
+        util[u] += gh->one_minus_eta * fresh;
+        bc_util[u] = util[u] / bc;
+    }
+}
+
+/* Continual Backprop's fused steps (ContinualBackprop.learn_fused on the torch path) between two replacements: per
+ * chunk t of B points, predict (preds (T, B, k)), the MSE gradient, one AdamGnT update on the flat tensors (step
+ * counts in element_step), then, when `test`, generate-and-test's test of every hidden layer l into its buffers
+ * util[l], bc_util[l], mean_act[l] (float32) and age[l] (int64). The caller stops the kernel after a step at which
+ * some layer replaces units and replaces them itself. Layout as mlp_mse_adam. Returns 0, or -1 without memory. */
+int mlp_mse_adam_gnt(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
+                     const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, float *element_step,
+                     const float *xs, const float *ys, float *preds, int64_t steps, int64_t batch, double lr,
+                     double beta1, double beta2, double eps, double weight_decay, int reference, int test,
+                     double decay_rate, int adaptable, float *const *util, float *const *bc_util,
+                     float *const *mean_act, int64_t *const *age) {
+    /* the constants as torch casts them: Python floats (doubles) to float32, the weights 1 − β and 1 − η (the
+     * operations' alpha / value) computed in double first */
+    const adam_gnt_hyper hyper = {
+        .lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2, .eps = (float)eps,
+        .weight_decay = (float)weight_decay, .one_minus_beta1 = (float)(1.0 - beta1),
+        .one_minus_beta2 = (float)(1.0 - beta2), .reference = reference,
+    };
+    const gnt_hyper gh = {.eta = (float)decay_rate, .one_minus_eta = (float)(1.0 - decay_rate), .adaptable = adaptable};
+    mlp_scratch scratch;
+    if (mlp_scratch_alloc(&scratch, layers, sizes, batch)) return -1;
+    const int64_t d = sizes[0], k = sizes[layers];
+    for (int64_t t = 0; t < steps; t++) {
+        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, xs + t * batch * d, ys + t * batch * k,
+                     preds + t * batch * k, batch, &scratch);
+        adam_gnt_update(flat, grad, element_step, exp_avg, exp_avg_sq, numel, &hyper);
+        if (!test) continue; /* replacement rate 0: the reference returns before testing */
+        const float *hid = scratch.a + batch * d; /* layer 1's input: the first hidden layer's features */
+        for (int64_t l = 0; l + 1 < layers; l++) {
+            gnt_test(hid, batch, sizes[l + 1], flat + w_off[l], sizes[l], flat + w_off[l + 1], sizes[l + 2], util[l],
+                     bc_util[l], mean_act[l], age[l], &gh);
+            hid += batch * sizes[l + 1];
+        }
+    }
+    free(scratch.a);
     return 0;
 }
 
