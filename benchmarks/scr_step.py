@@ -303,13 +303,13 @@ def _scr_variants(
             )
         variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], scr, work, autograd=True)
         variants[f"scr {name} fused"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
-        if name in NATIVE:
+        if name in NATIVE and native.available():
             variants[f"scr {name} native"] = lambda c=config: _fit_us(ROOT, [c], [*scr, NATIVE_ARG], work)
     for name in floors:
         floor, hand_floor = _FLOORS[name]
         variants[f"scr {name} floor"] = floor(size)
         variants[f"scr {name} hand floor"] = hand_floor(size)
-        if name in NATIVE:
+        if name in NATIVE and native.available():
             variants[f"scr {name} native floor"] = NATIVE[name](size)
     return variants
 

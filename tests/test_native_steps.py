@@ -17,7 +17,10 @@ from torch import nn
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, fused_steps, native
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [
+    pytest.mark.usefixtures("one_thread"),
+    pytest.mark.skipif(not native.available(), reason="no working C compiler: the native kernels cannot be built"),
+]
 
 
 def _bound(params: list[nn.Parameter], **adam: object) -> tuple[torch.optim.Adam, FlatAdam]:

@@ -93,7 +93,10 @@ def library() -> ctypes.CDLL:
             if done.returncode != 0:
                 raise NativeUnavailableError(f"{compiler} failed to build {_SOURCE.name}:\n{done.stderr.strip()}")
             os.replace(built, target)  # atomic: a concurrent build leaves one complete file
-    lib = ctypes.CDLL(str(target))
+    try:
+        lib = ctypes.CDLL(str(target))
+    except OSError as error:  # built elsewhere for another CPU, or a broken file
+        raise NativeUnavailableError(f"cannot load {target}: {error}") from error
     lib.mlp_mse_adam.argtypes = [*_HEAD, _F32P, _F32P, _F32P, _I64, _I64, _DBL, *_ADAM]
     lib.attention_mse_adam.argtypes = [*_HEAD, _F32P, _F32P, _I64, _I64, _I64, _F32P, _I64, _DBL, *_ADAM]
     gnt = [ctypes.c_int, _DBL, ctypes.c_int, _PTRS, _PTRS, _PTRS, _PTRS]  # test, η, adaptable, the buffers per layer
@@ -101,6 +104,15 @@ def library() -> ctypes.CDLL:
     for fn in (lib.mlp_mse_adam, lib.attention_mse_adam, lib.mlp_mse_adam_gnt):
         fn.restype = ctypes.c_int
     return lib
+
+
+def available() -> bool:
+    """Whether the kernels build and load on this machine (:func:`library` says why not)."""
+    try:
+        library()
+    except NativeUnavailableError:
+        return False
+    return True
 
 
 def refusal(adam: FlatOptimizer | None, kind: type[FlatOptimizer] = FlatAdam) -> str | None:
