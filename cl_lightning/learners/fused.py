@@ -40,9 +40,7 @@ def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
     params = list(learner.parameters())
     reason = adam_refusal(optimizer, params)
     if reason is not None:
-        if not learner.__dict__.get("_fused_warned"):
-            learner.__dict__["_fused_warned"] = True
-            warnings.warn(f"{type(learner).__name__}: no fused step ({reason}); learning chunk by chunk", stacklevel=3)
+        _warn_once(learner, "_fused_warned", f"no fused step ({reason}); learning chunk by chunk")
         return None
     learner._fused_refused = False
     flat_type = FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam
@@ -68,10 +66,17 @@ def uses_native(learner: ContinualLearner, adam: FlatOptimizer, kind: type[FlatO
     if getattr(learner, "step_kernel", "torch") != "native":
         return False
     reason = native.refusal(adam, kind)
-    if reason is not None and not learner.__dict__.get("_native_warned"):
-        learner.__dict__["_native_warned"] = True
-        warnings.warn(f"{type(learner).__name__}: no native step kernel ({reason}); torch fused steps", stacklevel=3)
+    if reason is not None:
+        _warn_once(learner, "_native_warned", f"no native step kernel ({reason}); torch fused steps")
     return reason is None
+
+
+def _warn_once(learner: ContinualLearner, flag: str, message: str) -> None:
+    """Warn ``message`` (prefixed with the learner's class) the first time per learner and ``flag``; the flag lives in
+    the instance's ``__dict__``, not module state."""
+    if not learner.__dict__.get(flag):
+        learner.__dict__[flag] = True
+        warnings.warn(f"{type(learner).__name__}: {message}", stacklevel=4)
 
 
 def refuse(learner: ContinualLearner) -> None:

@@ -285,7 +285,8 @@ int mlp_mse_adam_gnt(float *flat, float *grad, float *exp_avg, float *exp_avg_sq
  * (H0, 2D) = [W_s | W_q] on [x_j, x_t], bias H0; then `layers` linear layers (ReLU after each but the last, whose
  * width is 1): scores s_j, p = softmax(s), pred = Σ_j p_j y_j (k outputs), loss mean((pred − y_t)²). sizes: H0, then
  * each later layer's width (the last 1). Returns 0, or -1 when scratch memory cannot be had. */
-static inline __attribute__((always_inline)) int attention_impl(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
+static inline __attribute__((always_inline)) int attention_impl(
+                       float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
                        const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *window_x,
                        const float *window_y, int64_t d, int64_t k, int64_t support, float *preds, int64_t steps,
                        double first_step, double lr, double beta1, double beta2, double eps, double weight_decay,
