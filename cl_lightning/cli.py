@@ -11,7 +11,8 @@ What the CLI adds to every run, so a run can be trusted:
   config, the checkpoint and the data are checked before the Trainer creates the run folder, and an attempt that
   fails before its first step is undone (:class:`~cl_lightning.runfolder.Snapshot`);
 - **stopping**: SIGTERM or SIGINT stops the run between two steps (:mod:`cl_lightning.stopping`): no partial
-  checkpoint, one line saying where it stopped and how to resume, exit code 143 / 130;
+  checkpoint, one line saying where it stopped and how to resume, exit code 143 / 130 (``validate`` / ``test``:
+  at the next batch, the same codes); a run whose last task was complete when the signal came exits 0;
 - **one writer**: a run folder is locked while a ``fit`` writes it (:mod:`cl_lightning.runfolder`); a second
   ``fit`` or resume of the same run is refused in one line;
 - **divergence**: :class:`~cl_lightning.callbacks.divergence.DivergenceStop` stops a run whose loss or weights
@@ -45,6 +46,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 import cl_lightning.callbacks
 import cl_lightning.data
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
+from cl_lightning import stopping
 from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
@@ -227,6 +229,9 @@ class CLI(CompatCLI):
         try:
             self.trainer.fit(model, datamodule, **kwargs)
         except (Exception, SIGTERMException) as error:
+            if isinstance(error, SIGTERMException) and stopping.all_tasks_done(self.trainer):
+                stopping.complete_after_sigterm(self.trainer)  # Lightning's SIGTERM check after the last task
+                return
             undone = snapshot is not None and steps_run(self.trainer) == 0 and not isinstance(error, DivergenceError)
             if undone:
                 snapshot.undo()
@@ -237,6 +242,14 @@ class CLI(CompatCLI):
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             raise
+
+    def validate(self, **kwargs: Any) -> None:
+        """``Trainer.validate``; SIGTERM / SIGINT stop it at its next batch (exit 143 / 130)."""
+        stopping.evaluate_stoppable(self.trainer, self.trainer.validate, self.stop, **kwargs)
+
+    def test(self, **kwargs: Any) -> None:
+        """``Trainer.test``; SIGTERM / SIGINT stop it at its next batch (exit 143 / 130)."""
+        stopping.evaluate_stoppable(self.trainer, self.trainer.test, self.stop, **kwargs)
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""

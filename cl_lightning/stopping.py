@@ -1,23 +1,27 @@
 """Stopping a run on SIGTERM or SIGINT without damaging it: finish the current step, write nothing half-done.
 
 A cluster scheduler, ``timeout`` or a sweep sends SIGTERM; Ctrl-C sends SIGINT. :class:`GracefulStop` (added by the
-CLI to every ``fit``) turns either into a flag, and at the next training or evaluation batch raises
-:class:`StopRequested`: the step under way finishes, a checkpoint being written completes (it is atomic anyway), and
-no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how to resume it, and
-exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it did not finish. A
-signal after the run's last step stops nothing: the run finished, and exits 0 with one line saying so
-(:mod:`cl_lightning.process_signals`, which also covers the process's start and exit).
+CLI to every ``fit``, ``validate`` and ``test``) turns either into a flag, and at the next training or evaluation
+batch raises :class:`StopRequested`: the step under way finishes, a checkpoint being written completes (it is
+atomic anyway), and no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how
+to resume it, and exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it
+did not finish. A signal after the run's last task was evaluated and saved stops nothing: the run finished, and exits
+0 with one line saying so (:mod:`cl_lightning.process_signals`, which also covers the process's start and exit).
 """
 
 from __future__ import annotations
 
 import shlex
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cl_lightning import process_signals
 from cl_lightning.checkpointing import CheckpointError, read_checkpoint
@@ -87,6 +91,12 @@ class GracefulStop(Callback):
         """Stop before the next evaluation batch (the task's checkpoint, written after its evaluation, is not)."""
         self._stop_if_asked()
 
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Stop before the next batch of ``test``."""
+        self._stop_if_asked()
+
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Stop before a new task starts."""
         self._stop_if_asked()
@@ -129,3 +139,36 @@ def stop_message(trainer: Trainer, signum: int, command_line: list[str], undone:
     else:
         return f"{where}; this config keeps no checkpoint, so the run cannot be resumed"
     return f"{where}; {kept}, no partial checkpoint; resume with {resume_command(command_line)}"
+
+
+def evaluate_stoppable(trainer: Trainer, run: Callable[..., Any], stop: GracefulStop, **kwargs: Any) -> None:
+    """Run ``trainer.validate`` / ``trainer.test`` (``run``) with ``stop`` among its callbacks: a SIGTERM / SIGINT
+    stops it at its next batch with one line and exit ``128 + signal`` (its scores would be incomplete)."""
+    trainer.callbacks.append(stop)
+    command = run.__name__
+    try:
+        run(**kwargs)
+    except (StopRequested, SIGTERMException) as error:
+        signum = stop.signum or getattr(error, "signum", signal.SIGTERM)
+        name = signal.Signals(signum).name
+        line = (
+            f"{command} stopped by {name} before its last batch: its scores are incomplete; run the same command again"
+        )
+        sys.stderr.write(line + "\n")
+        raise SystemExit(exit_code(signum)) from None
+
+
+def all_tasks_done(trainer: Trainer) -> bool:
+    """Whether the fit loop had closed the run's last task. A SIGTERM after the last task's final evaluation started
+    leaves :class:`GracefulStop` nothing to stop, but Lightning checks for one once more as its fit loop closes the
+    task, after every file was written, and raises ``SIGTERMException``: that run is complete."""
+    done = trainer.fit_loop.epoch_progress.current.completed
+    return trainer.max_epochs is not None and done >= trainer.max_epochs
+
+
+def complete_after_sigterm(trainer: Trainer) -> None:
+    """Mark a run :func:`all_tasks_done` found complete as finished (so: exit 0, its summary, one line for the signal)
+    and write what Lightning's interrupted teardown skipped (TensorBoard's ``hparams.yaml``)."""
+    trainer.state.status = TrainerStatus.FINISHED
+    for logger in trainer.loggers:
+        logger.save()

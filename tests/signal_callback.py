@@ -31,3 +31,48 @@ class SignalAfterFit(Callback):
         """Mark the end of ``fit``."""
         if stage == "fit":
             Path(self.marker).touch()
+
+
+class SignalAtLastTaskEnd(Callback):
+    """Sends its own process ``signum`` as the last task ends (``on_train_epoch_end`` of the last epoch): after its
+    final evaluation, before Lightning's fit loop closes the epoch, which checks for a SIGTERM once more.
+
+    Args:
+        signum: the signal to send.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Signal this process in the last task."""
+        if trainer.current_epoch + 1 == trainer.max_epochs:
+            os.kill(os.getpid(), self.signum)
+
+
+class SignalAtEvaluation(Callback):
+    """Sends its own process ``signum`` as the first batch of ``validate`` / ``test`` starts.
+
+    Args:
+        signum: the signal to send.
+    """
+
+    def __init__(self, signum: int) -> None:
+        self.signum = signum
+
+    def _signal(self, batch_idx: int) -> None:
+        if batch_idx == 0:
+            os.kill(os.getpid(), self.signum)
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Signal this process at the first ``validate`` batch."""
+        if not trainer.training:
+            self._signal(batch_idx)
+
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: object, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Signal this process at the first ``test`` batch."""
+        self._signal(batch_idx)

@@ -336,3 +336,50 @@ def test_a_stopped_sweep_records_the_trial_stopped_and_the_next_sweep_resumes_it
         resumed, whole = _curve_n(b_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
         np.testing.assert_array_equal(resumed, whole)
     assert yaml.safe_load((b_dir / "config.yaml").read_text())["trainer"]["max_epochs"] == 40
+
+
+SLOW = pytest.mark.slow  # ~5-10 s each: one process start; the other cases cover the same code
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=SLOW)], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_as_the_last_task_closes_is_the_finished_run_it_is(tmp_path: Path, signum: int) -> None:
+    """A signal in the last task after its final evaluation (Lightning's fit loop checks for SIGTERM once more as it
+    closes the task, when every file is written): the run is complete, so exit 0, its summary, one line."""
+    extra = ["--trainer.callbacks+=signal_callback.SignalAtLastTaskEnd", f"--trainer.callbacks.signum={int(signum)}"]
+    proc = _fit_to_files(tmp_path, extra)
+    assert proc.wait(timeout=300) == 0, (tmp_path / "err.txt").read_text()
+    out, err = (tmp_path / "out.txt").read_text(), (tmp_path / "err.txt").read_text()
+    assert "Run finished: 3/3 tasks" in out, out
+    said = [line for line in err.splitlines() if "arrived after the run had finished" in line]
+    assert said == [process_signals.finished_message(signum).strip()], err
+    assert "stopped by" not in err, err
+    run = _run(tmp_path)
+    assert _tasks_done(run) == 3
+    assert (run / "hparams.yaml").exists()
+
+
+@pytest.mark.parametrize(
+    ("command", "signum"),
+    [
+        ("validate", signal.SIGTERM),
+        ("test", signal.SIGINT),
+        pytest.param("validate", signal.SIGINT, marks=SLOW),
+        pytest.param("test", signal.SIGTERM, marks=SLOW),
+    ],
+    ids=["validate-SIGTERM", "test-SIGINT", "validate-SIGINT", "test-SIGTERM"],
+)
+def test_a_signal_stops_validate_and_test_with_its_exit_code_and_one_line(
+    tmp_path: Path, command: str, signum: int
+) -> None:
+    """``validate`` / ``test`` are stopped at their next batch as ``fit`` is (they used to run on after SIGINT, and
+    end with exit 0 after SIGTERM), and say that their scores are incomplete."""
+    extra = ["--trainer.callbacks+=signal_callback.SignalAtEvaluation", f"--trainer.callbacks.signum={int(signum)}"]
+    cmd = [sys.executable, "-m", "cl_lightning", command, *tiny_args(tmp_path, BACKPROP, tasks=3, extra=extra)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=WITH_TESTS, capture_output=True, text=True, timeout=300)
+    name = signal.Signals(signum).name
+    assert proc.returncode == 128 + signum, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"{command} stopped by {name} before its last batch: its scores are incomplete; run the same command again"
+    )
+    assert "Traceback" not in proc.stderr
+    assert "acc" not in proc.stdout  # no results table
