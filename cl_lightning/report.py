@@ -17,8 +17,11 @@ tasks).
 - ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
   backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
   forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/published.yaml``), and each experiment's departures from its paper config; under it, for the
-  windows where the paper's early curve was read (Figure 1), each window's mean beside the paper's;
+  (``cl_lightning/published.yaml``), and each experiment's departures from its paper config. Under it in
+  ``table.md`` (:mod:`cl_lightning.report_tables`): for the windows where the paper's early curve was read
+  (Figure 1), each window's mean ± std over seeds beside the paper's; for the other experiments with at least two
+  complete blocks of ``--block`` evaluated tasks (default 100; 0: none), forward, backward and the Hessian rank per
+  block, mean ± std over seeds of each seed's block mean;
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
   (:mod:`cl_lightning.departures`).
 
@@ -28,7 +31,6 @@ backward lag, and say why a panel is empty.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 from collections.abc import Sequence
@@ -41,6 +43,7 @@ import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
+from cl_lightning.report_tables import block_table, window_table, write_table
 from cl_lightning.results import Experiment, PaperWindows, final_window, last_value
 
 SCALARS = ("forward", "backward", "online")
@@ -181,14 +184,6 @@ def paper_seconds(entry: dict[str, Any] | None) -> str:
     return f"{entry['hours'] * 3600 / entry['tasks']:.3g} (Tab. {entry['table']}, p. {entry['page']})"
 
 
-def _pm(mean: float, std: float) -> str:
-    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001), the std to the mean's last digit."""
-    if math.isnan(mean):
-        return "—"
-    decimals = max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
-
-
 def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per experiment: the numbers of ``table.csv`` (means, stds, the paper's values as text)."""
     paper, rows = published_numbers(), []
@@ -219,74 +214,6 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
     return rows
 
 
-def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
-    """Write ``table.csv``; return the Markdown of ``table.md`` (``main`` writes it once, with the window table)."""
-    with open(out / "table.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    head = (
-        "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
-        "| s/task | paper s/task | peak GiB | departures from the paper config |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    for r in rows:
-        seeds = f"{r['seeds']} ({r['unfinished']} unfinished)" if r["unfinished"] else str(r["seeds"])
-        cells = [r["label"], seeds, str(r["tasks"])]
-        cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
-        cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
-        cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
-        cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
-        cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
-        cells += [r.get("departures", "not compared")]
-        lines.append("| " + " | ".join(cells) + " |")
-    metric = rows[0]["metric"]
-    notes = (
-        f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
-        "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
-        "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
-        "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
-        "at its full length: they compare with a run of the same length only. Departures: resolved config values "
-        "the runs change from their experiment's paper config (`departures.md`).\n"
-    )
-    return "\n".join(lines) + "\n" + notes
-
-
-def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
-    """Markdown: per experiment with paper windows, its mean over each window the paper was read at (mean over the
-    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one."""
-    reached: dict[tuple[str, str], dict[int, str]] = {}
-    for exp in experiments:
-        windows = paper.get(exp.name)
-        for role in ("forward", "backward") if windows is not None else ():
-            rows = exp.rows(metric_key(EvalSlot(role), exp.metric))
-            for w, value in zip(windows.at, windows.scores.get(role) or [], strict=False):
-                stop = (w + 1) * windows.window
-                done = ~np.isnan(rows[:, stop - 1]) if stop <= exp.num_evaluated_tasks else np.zeros(len(rows), bool)
-                if not done.any():
-                    break
-                mean, _, n = final_window(rows[done, :stop], windows.window)
-                seeds = f" ({n} of {len(exp.seeds)} seeds)" if n < len(exp.seeds) else ""
-                paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
-                reached.setdefault((exp.label, role), {})[w] = f"{mean:.3f} / {paper_value}{seeds}"
-    if not reached:
-        return ""
-    columns = sorted({w for cells in reached.values() for w in cells})
-    size = next(iter(paper.values())).window
-    head = "| learner | score | " + " | ".join(f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in columns) + " |"
-    lines = [head, "|" + "---|" * (len(columns) + 2)]
-    lines += [
-        f"| {label} | {role} | " + " | ".join(c.get(w, "—") for w in columns) + " |"
-        for (label, role), c in reached.items()
-    ]
-    note = (
-        f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean over seeds of each seed's "
-        "window mean (seeds whose run reached the window's end); the paper's is read off its figure (about ± 3 "
-        "points; `cl_lightning/published.yaml`, `windows`).\n"
-    )
-    return "\n".join(lines) + "\n" + note
-
-
 def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
     """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
     from cl_lightning.departures import departures_text, suite_departures, write_departures
@@ -307,7 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
     p.add_argument("--out", help="where to write the report (default: <suite_dir>/report)")
+    p.add_argument(
+        "--block",
+        type=int,
+        default=100,
+        help="tasks per block of table.md's per-block table, for runs without the paper's windows (0: no table)",
+    )
     opts = p.parse_args(argv)
+    if opts.block < 0:
+        p.error(f"--block must be 0 (no per-block table) or a number of tasks, not {opts.block}")
     suite_dir = Path(opts.suite_dir)
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
@@ -322,9 +257,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     found = add_departures(rows, suite_dir, meta, out)
     text = write_table(rows, out)
     paper = paper_points(experiments, meta)
-    windows = window_table(experiments, paper)
-    if windows:
-        text += "\n" + windows
+    text += "".join(
+        "\n" + t for t in (window_table(experiments, paper), block_table(experiments, paper, opts.block)) if t
+    )
     (out / "table.md").write_text(text)
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)

@@ -2,14 +2,15 @@
 
 An :class:`Experiment` holds one experiment's per-task curves (``(seeds, tasks)`` arrays, NaN where a seed logged
 nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy, no files:
-:mod:`cl_lightning.report` reads the event files into experiments and writes the table,
-:mod:`cl_lightning.report_figures` draws them.
+:mod:`cl_lightning.report` reads the event files into experiments, :mod:`cl_lightning.report_tables` writes the
+tables, :mod:`cl_lightning.report_figures` draws them.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,30 @@ def final_window(rows: np.ndarray, window: int) -> tuple[float, float, int]:
     if not per_seed.size:
         return math.nan, math.nan, 0
     return float(per_seed.mean()), float(per_seed.std()), int(per_seed.size)
+
+
+def block_stats(exp: Experiment, tag: str, size: int, blocks: Iterable[int]) -> dict[int, tuple[float, float, int]]:
+    """Per block ``b`` of ``blocks`` (evaluated tasks ``b * size .. (b + 1) * size - 1``), up to the first block no
+    seed reached: :func:`final_window` of ``tag`` over the block and the seeds whose run reached its last task (an
+    ``epoch`` or ``tag`` value there), i.e. the mean and population std over them of each one's block mean, and how
+    many have a value in the block.
+
+    >>> exp = Experiment("e", "E", 4, "acc")
+    >>> exp.add(0, {"s": np.array([1.0, 2.0, 3.0, 4.0])}, {})
+    >>> exp.add(1, {"s": np.array([3.0, 4.0, 9.0, np.nan])}, {})  # stopped after task 2
+    >>> block_stats(exp, "s", 2, range(3))  # block 1: seed 0 only; block 2 ends past the run
+    {0: (2.5, 1.0, 2), 1: (3.5, 0.0, 1)}
+    """
+    rows, epochs, out = exp.rows(tag), exp.rows("epoch"), {}
+    for b in blocks:
+        stop = (b + 1) * size
+        if stop > exp.num_evaluated_tasks:
+            break
+        reached = ~np.isnan(epochs[:, stop - 1]) | ~np.isnan(rows[:, stop - 1])
+        if not reached.any():
+            break
+        out[b] = final_window(rows[reached, b * size : stop], size)
+    return out
 
 
 def last_value(rows: np.ndarray) -> tuple[float, float, int]:

@@ -204,6 +204,26 @@ def test_report_writes_figures_and_table(tmp_path: Path) -> None:
     np.testing.assert_allclose(image.filled(np.nan), [[0.5, np.nan], [0.05, 0.9]], rtol=1e-6)
 
 
+def test_report_block_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--block 2`` on a 5-task experiment without paper windows: blocks 0-1 and 2-3 (task 4 left out); seed 1
+    stopped after task 1. Block 0: seeds 0.15 and 0.3 -> 0.225 ± 0.075; block 1: seed 0 alone, 0.35. ``--block 0``
+    writes no block table; a negative block is a one-line error."""
+    suite = tmp_path / "toy"
+    _trial(suite, "learner", 0, 5, {"eval/forward_acc": {0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4, 4: 0.5}})
+    _trial(suite, "learner", 1, 5, {"eval/forward_acc": {0: 0.3, 1: 0.3}})
+    assert main([str(suite), "--block", "2"]) == 0
+    lines = (suite / "report" / "table.md").read_text().splitlines()
+    head = lines.index("| learner | score | 0–1 | 2–3 |")
+    assert lines[head + 2 :][:2] == ["| learner | forward | 0.225 ± 0.075 | 0.350 (1 of 2 seeds) |", ""]
+    assert lines[head + 4].startswith("Per 2-task block of evaluated tasks")
+    assert main([str(suite), "--block", "0"]) == 0
+    assert "block" not in (suite / "report" / "table.md").read_text()
+    with pytest.raises(SystemExit) as stop:
+        main([str(suite), "--block", "-1"])
+    assert stop.value.code == 2
+    assert "--block must be 0 (no per-block table) or a number of tasks, not -1" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("metric", ["acc", "mse"])
 def test_every_curve_panel_reads_the_keys_the_contract_names(tmp_path: Path, metric: str) -> None:
     """A suite logged under the contract's names (as learners log) fills every panel: a figure reading a key of its
@@ -283,7 +303,8 @@ def test_empty_panels_say_why() -> None:
 
 def test_window_table_sets_our_window_means_beside_the_papers() -> None:
     """Seed 0 ran 200 tasks (forward 0.3 then 0.4 per window), seed 1 stopped at task 149 (forward 0.5): window 0
-    averages both seeds, window 1 only seed 0, which the cell says."""
+    averages both seeds (0.3 and 0.5: 0.4 ± 0.1 population std), window 1 only seed 0 (its mean alone), which the
+    cell says."""
     from cl_lightning.report import window_table
 
     exp = _experiment("qoa_v1", 200, 5)
@@ -297,7 +318,7 @@ def test_window_table_sets_our_window_means_beside_the_papers() -> None:
     assert text.splitlines()[:4] == [
         "| learner | score | window 0 (0–99) | window 1 (100–199) |",
         "|---|---|---|---|",
-        "| QOA_V1 | forward | 0.400 / 0.35 | 0.400 / 0.45 (1 of 2 seeds) |",
-        "| QOA_V1 | backward | 0.375 / 0.31–0.34 | 0.500 / 0.47 (1 of 2 seeds) |",
+        "| QOA_V1 | forward | 0.400 ± 0.100 / 0.35 | 0.400 / 0.45 (1 of 2 seeds) |",
+        "| QOA_V1 | backward | 0.375 ± 0.125 / 0.31–0.34 | 0.500 / 0.47 (1 of 2 seeds) |",
     ]
     assert window_table([exp], {}) == ""

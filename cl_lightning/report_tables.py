@@ -1,0 +1,161 @@
+"""The Markdown of ``table.md`` (and ``table.csv``), written by ``python -m cl_lightning report``.
+
+The main table (one row per experiment, final-window scores beside the paper's), then the paper's early windows
+beside ours (:func:`window_table`) and, for long runs the paper gives no windows for, the scores per block of
+evaluated tasks (:func:`block_table`). Each cell is a mean ± population std over seeds of each seed's mean
+(:mod:`cl_lightning.results`).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cl_lightning.contract import EvalSlot, metric_key
+from cl_lightning.results import Experiment, PaperWindows, block_stats
+
+HESSIAN_RANK = "hessian/eff_rank"
+"""The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
+default the last layer), as the report's rank figure reads it."""
+
+
+def _decimals(mean: float) -> int:
+    """Three significant digits (MSEs reach 0.001), at least three decimals."""
+    return max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
+
+
+def _pm(mean: float, std: float) -> str:
+    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001), the std to the mean's last digit."""
+    if math.isnan(mean):
+        return "—"
+    decimals = _decimals(mean)
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+
+
+def _spread(stats: tuple[float, float, int], decimals: int | None = None) -> str:
+    """``mean ± std`` over the seeds of a block, the mean alone for one seed, ``—`` for none."""
+    mean, std, n = stats
+    if n == 0:
+        return "—"
+    decimals = _decimals(mean) if decimals is None else decimals
+    return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if n > 1 else f"{mean:.{decimals}f}"
+
+
+def _of(n: int, seeds: int) -> str:
+    """`` (n of N seeds)`` when some but not all seeds have a value, else nothing."""
+    return f" ({n} of {seeds} seeds)" if 0 < n < seeds else ""
+
+
+def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
+    """Write ``table.csv``; return the Markdown of ``table.md`` (``main`` writes it once, with the window tables)."""
+    with open(out / "table.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    head = (
+        "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
+        "| s/task | paper s/task | peak GiB | departures from the paper config |"
+    )
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        seeds = f"{r['seeds']} ({r['unfinished']} unfinished)" if r["unfinished"] else str(r["seeds"])
+        cells = [r["label"], seeds, str(r["tasks"])]
+        cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
+        cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
+        cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
+        cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
+        cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
+        cells += [r.get("departures", "not compared")]
+        lines.append("| " + " | ".join(cells) + " |")
+    metric = rows[0]["metric"]
+    notes = (
+        f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
+        "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
+        "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
+        "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
+        "at its full length: they compare with a run of the same length only. Departures: resolved config values "
+        "the runs change from their experiment's paper config (`departures.md`).\n"
+    )
+    return "\n".join(lines) + "\n" + notes
+
+
+def _markdown(cells: dict[tuple[str, str], dict[int, str]], columns: dict[int, str]) -> list[str]:
+    """A ``learner | score | <columns>`` table of ``{(label, score): {column: cell}}``, ``—`` where one is missing."""
+    lines = ["| learner | score | " + " | ".join(columns.values()) + " |", "|" + "---|" * (len(columns) + 2)]
+    lines += [
+        f"| {label} | {score} | " + " | ".join(c.get(k, "—") for k in columns) + " |"
+        for (label, score), c in cells.items()
+    ]
+    return lines
+
+
+def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
+    """Markdown: per experiment with paper windows, its mean ± std over each window the paper was read at (over the
+    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one."""
+    reached: dict[tuple[str, str], dict[int, str]] = {}
+    for exp in experiments:
+        windows = paper.get(exp.name)
+        for role in ("forward", "backward") if windows is not None else ():
+            values = dict(zip(windows.at, windows.scores.get(role) or [], strict=False))
+            stats = block_stats(exp, metric_key(EvalSlot(role), exp.metric), windows.window, values)
+            for w, (mean, std, n) in stats.items():
+                value = values[w]
+                paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
+                cell = f"{_spread((mean, std, n), 3)} / {paper_value}{_of(n, len(exp.seeds))}"
+                reached.setdefault((exp.label, role), {})[w] = cell
+    if not reached:
+        return ""
+    size = next(iter(paper.values())).window
+    columns = {
+        w: f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in sorted({w for c in reached.values() for w in c})
+    }
+    note = (
+        f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean ± std (population) over "
+        "seeds of each seed's window mean (seeds whose run reached the window's end; the mean alone for one seed); "
+        "the paper's is read off its figure (about ± 3 points; `cl_lightning/published.yaml`, `windows`).\n"
+    )
+    return "\n".join(_markdown(reached, columns)) + "\n" + note
+
+
+def _block_rows(exp: Experiment, block: int) -> dict[str, dict[int, tuple[float, float, int]]]:
+    """``{score: {block: stats}}`` of one experiment: forward, backward and, where logged, the Hessian rank."""
+    blocks = range(exp.num_evaluated_tasks // block)
+    tags = {role: metric_key(EvalSlot(role), exp.metric) for role in ("forward", "backward")}
+    if not np.isnan(exp.rows(HESSIAN_RANK)).all():
+        tags["Hessian effective rank"] = HESSIAN_RANK
+    return {score: block_stats(exp, tag, block, blocks) for score, tag in tags.items()}
+
+
+def block_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], block: int = 100) -> str:
+    """Markdown: per experiment without paper windows whose runs reached at least two complete ``block``-task blocks
+    of evaluated tasks, forward, backward and Hessian rank per block, mean ± std over seeds of each seed's block
+    mean (the seeds that reached the block's last task); empty when none qualifies or ``block`` is 0."""
+    cells: dict[tuple[str, str], dict[int, str]] = {}
+    metrics = []
+    for exp in experiments if block > 0 else ():
+        scores = _block_rows(exp, block) if exp.name not in paper else {}
+        if len(scores.get("forward", ())) < 2:
+            continue
+        metrics.append(exp.metric)
+        for score, stats in scores.items():
+            if any(n for _, _, n in stats.values()):  # a score never logged gets no row
+                cells[(exp.label, score)] = {b: _spread(s) + _of(s[2], len(exp.seeds)) for b, s in stats.items()}
+    if not cells:
+        return ""
+    order = ["forward", "backward", "Hessian effective rank"]  # one score's learners together
+    cells = dict(sorted(cells.items(), key=lambda kv: order.index(kv[0][1])))
+    columns = {b: f"{b * block}–{(b + 1) * block - 1}" for b in sorted({b for c in cells.values() for b in c})}
+    note = (
+        f"\nPer {block}-task block of evaluated tasks (`--block`), for the experiments without the paper's windows: "
+        "mean ± std over seeds of each seed's mean over the block (population std, as everywhere in this file), "
+        "over the seeds whose run reached the block's last task (n of N seeds when not all did; the mean alone for "
+        f"one seed); a trailing partial block is left out. Forward and backward: {', '.join(dict.fromkeys(metrics))}"
+        f", as in the main table; Hessian effective rank: `{HESSIAN_RANK}`, averaged over the tasks it was measured "
+        "at.\n"
+    )
+    return "\n".join(_markdown(cells, columns)) + "\n" + note

@@ -1,0 +1,113 @@
+"""The per-window and per-block tables of ``table.md``, on experiments built in memory (cells worked by hand)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cl_lightning.report_tables import block_table, window_table
+from cl_lightning.results import Experiment, PaperWindows
+
+FWD, BWD, RANK = "eval/forward_mse", "eval/backward_mse", "hessian/eff_rank"
+
+
+def _seed(tasks: int, reached: int, blocks: dict[str, list[float]], lag: int = 5) -> dict[str, np.ndarray]:
+    """One seed's curves: per tag a constant per 100-task block, NaN after task ``reached - 1``; backward starts at
+    task ``lag``, the Hessian is measured every 10 tasks; ``epoch`` marks the tasks the run reached."""
+    curves = {tag: np.repeat(values, 100)[:tasks].astype(float) for tag, values in blocks.items()}
+    curves["epoch"] = np.arange(tasks, dtype=float)
+    if BWD in curves:
+        curves[BWD][:lag] = np.nan
+    if RANK in curves:
+        curves[RANK][np.arange(tasks) % 10 != 0] = np.nan
+    for curve in curves.values():
+        curve[reached:] = np.nan
+    return curves
+
+
+def _experiment(name: str, label: str, tasks: int, seeds: list[dict[str, np.ndarray]]) -> Experiment:
+    exp = Experiment(name, label, tasks, "mse", stream="SlowlyChangingRegression")
+    for seed, curves in enumerate(seeds):
+        exp.add(seed, curves, {})
+    return exp
+
+
+def _suite() -> tuple[list[Experiment], dict[str, PaperWindows]]:
+    """Backprop: 250 tasks (2 complete blocks, the partial 200-249 left out), 3 seeds, the third stopped after task
+    149; CBP: 200 tasks, 1 seed, MSEs below 0.1, no Hessian; QOA: the paper's windows; kNN: 300 tasks but its one
+    seed stopped after task 149 (1 complete block)."""
+    bp = _experiment(
+        "bp",
+        "Backprop",
+        250,
+        [
+            _seed(250, 250, {FWD: [0.1, 0.3, 0.3], BWD: [1.0, 2.0, 2.0], RANK: [4.0, 3.0, 3.0]}),
+            _seed(250, 250, {FWD: [0.3, 0.5, 0.5], BWD: [3.0, 4.0, 4.0], RANK: [6.0, 5.0, 5.0]}),
+            _seed(250, 150, {FWD: [0.2, 0.2, 0.2], BWD: [2.0, 2.0, 2.0], RANK: [5.0, 5.0, 5.0]}),
+        ],
+    )
+    cbp = _experiment("cbp", "CBP", 200, [_seed(200, 200, {FWD: [0.034, 0.036], BWD: [0.05, 0.05]})])
+    qoa = _experiment("qoa_v1", "QOA", 250, [_seed(250, 250, {FWD: [0.1, 0.1, 0.1], BWD: [0.2, 0.2, 0.2]})])
+    knn = _experiment("knn", "kNN", 300, [_seed(300, 150, {FWD: [0.7, 0.7, 0.7], BWD: [0.8, 0.8, 0.8]})])
+    paper = {"qoa_v1": PaperWindows(100, [0, 1], {"forward": [0.1, 0.1]}, "1")}
+    return [bp, cbp, qoa, knn], paper
+
+
+def test_block_table_cells_are_mean_and_population_std_over_seeds_of_block_means() -> None:
+    """Backprop block 0 (3 seeds): forward 0.1, 0.3, 0.2 -> 0.2 ± sqrt(0.02 / 3) = 0.0816; backward (tasks 5-99)
+    1, 3, 2 -> 2 ± sqrt(2 / 3) = 0.816; rank (tasks 0, 10, ..., 90) 4, 6, 5 -> 5 ± 0.816. Block 1: seed 2 stopped,
+    so 2 of 3 seeds: forward 0.3, 0.5 -> 0.4 ± 0.1; backward 2, 4 -> 3 ± 1; rank 3, 5 -> 4 ± 1. CBP, one seed: the
+    mean alone, to three significant digits. QOA (paper windows) and kNN (one complete block) get no rows."""
+    experiments, paper = _suite()
+    text = block_table(experiments, paper)
+    assert text.splitlines()[:7] == [
+        "| learner | score | 0–99 | 100–199 |",
+        "|---|---|---|---|",
+        "| Backprop | forward | 0.200 ± 0.082 | 0.400 ± 0.100 (2 of 3 seeds) |",
+        "| CBP | forward | 0.0340 | 0.0360 |",
+        "| Backprop | backward | 2.000 ± 0.816 | 3.000 ± 1.000 (2 of 3 seeds) |",
+        "| CBP | backward | 0.0500 | 0.0500 |",
+        "| Backprop | Hessian effective rank | 5.000 ± 0.816 | 4.000 ± 1.000 (2 of 3 seeds) |",
+    ]
+    assert text.splitlines()[7] == ""
+    note = text.splitlines()[8]
+    assert note.startswith("Per 100-task block of evaluated tasks (`--block`)")
+    assert "mean ± std over seeds of each seed's mean over the block (population std" in note
+    assert "Forward and backward: mse" in note
+
+
+def test_block_table_with_other_blocks_and_off() -> None:
+    """Blocks of 125 tasks: Backprop has 2. Block 0-124, forward: seed 0 (100 · 0.1 + 25 · 0.3) / 125 = 0.14, seed 1
+    0.34, seed 2 0.2 -> 0.22667 ± sqrt((0.08667² + 0.11333² + 0.02667²) / 3) = 0.0838; block 125-249: seed 2 stopped
+    before its end. CBP (200 tasks) has one block, so no row; kNN none; block 0 turns the table off."""
+    experiments, paper = _suite()
+    lines = block_table(experiments, paper, block=125).splitlines()
+    assert lines[0] == "| learner | score | 0–124 | 125–249 |"
+    assert lines[2] == "| Backprop | forward | 0.227 ± 0.084 | 0.400 ± 0.100 (2 of 3 seeds) |"
+    assert lines[3].startswith("| Backprop | backward |")
+    assert lines[5] == ""
+    assert block_table(experiments, paper, block=0) == ""
+    assert block_table(experiments[2:], paper) == ""  # QOA has the paper's windows, kNN one block
+
+
+def test_window_table_cells_gain_the_std_over_seeds() -> None:
+    """QOA's windows (paper 0.35, 0.45): 3 seeds over 200 tasks, forward per window (0.30, 0.40), (0.34, 0.44),
+    (0.38, -): the third stopped after task 149. Window 0: 0.34 ± sqrt(0.0032 / 3) = 0.0327; window 1: 2 of 3
+    seeds, 0.42 ± 0.02."""
+    seeds = [
+        _seed(200, 200, {"eval/forward_acc": [0.30, 0.40]}),
+        _seed(200, 200, {"eval/forward_acc": [0.34, 0.44]}),
+        _seed(200, 150, {"eval/forward_acc": [0.38, 0.38]}),
+    ]
+    exp = Experiment("qoa_v1", "QOA", 200, "acc")
+    for seed, curves in enumerate(seeds):
+        exp.add(seed, curves, {})
+    paper = {"qoa_v1": PaperWindows(100, [0, 1, 2], {"forward": [0.35, 0.45, 0.55]}, "1")}
+    lines = window_table([exp], paper).splitlines()
+    assert lines[:3] == [
+        "| learner | score | window 0 (0–99) | window 1 (100–199) |",
+        "|---|---|---|---|",
+        "| QOA | forward | 0.340 ± 0.033 / 0.35 | 0.420 ± 0.020 / 0.45 (2 of 3 seeds) |",
+    ]
+    assert len(lines) == 5  # no backward row: the paper has no backward windows here
+    assert "ours is the mean ± std (population) over seeds of each seed's window mean" in lines[4]
+    assert block_table([exp], paper) == ""  # the paper's windows: no block table
