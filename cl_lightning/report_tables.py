@@ -30,11 +30,12 @@ def _decimals(mean: float) -> int:
 
 
 def _pm(mean: float, std: float) -> str:
-    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001), the std to the mean's last digit."""
+    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001), the std to the mean's last digit; the mean
+    alone when the std is NaN (one seed)."""
     if math.isnan(mean):
         return "—"
     decimals = _decimals(mean)
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}"
+    return f"{mean:.{decimals}f}" if math.isnan(std) else f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 
 def _spread(stats: tuple[float, float, int], decimals: int | None = None) -> str:
@@ -75,7 +76,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     metric = rows[0]["metric"]
     notes = (
         f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
-        "(last `max(T // 80, 5)` tasks). ACC, BWT, FWT, forgetting: the last row of the probe-set matrix R. "
+        "(last `max(T // 80, 5)` tasks; the mean alone where one seed has a value). ACC, BWT, FWT, forgetting: the "
+        "last row of the probe-set matrix R. "
         "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
         "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
         "at its full length: they compare with a run of the same length only. Departures: resolved config values "

@@ -21,6 +21,7 @@ from cl_lightning.report import (
     read_scalars,
     table_rows,
 )
+from cl_lightning.report_tables import write_table
 from cl_lightning.results import Experiment, final_window, last_value, minmax_per_seed, seed_band
 
 STEPS = 10  # training steps per task: task t ends at step 10 t + 9, where Lightning logs its epoch-end values
@@ -154,9 +155,15 @@ def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
     assert bp["seconds_per_task_paper"] == "2.4 (Tab. 5, p. 15)"  # 5 h / 7,500 tasks
     assert bp["unfinished"] == 0
     assert (knn["seeds"], knn["unfinished"]) == (3, 1)
-    assert (knn["avg_mean"], knn["avg_std"]) == (pytest.approx(0.7), 0.0)
-    assert knn["forward_mean"] == pytest.approx(0.8)  # the unfinished seed has no value in the final window
-    assert knn["forward_std"] == 0.0
+    # one seed with a value (the unfinished seed has none in the final window, seed 2 logged no forward score):
+    # no spread, so the table prints the mean alone, never a "± 0.000" that reads as two seeds agreeing
+    assert knn["avg_mean"] == pytest.approx(0.7)
+    assert np.isnan(knn["avg_std"])
+    assert knn["forward_mean"] == pytest.approx(0.8)
+    assert np.isnan(knn["forward_std"])
+    table = write_table([bp, knn], tmp_path).splitlines()
+    assert table[2].startswith("| Backprop | 2 | 5 | 0.600 ± 0.100 | 0.68 (Fig. 1a, p. 8) | 0.450 ± 0.100 |")
+    assert table[3].startswith("| knn | 3 (1 unfinished) | 10 | 0.800 |  | — |")
     assert knn["forward_paper"] == ""
     assert knn["seconds_per_task"] == pytest.approx(20.0 / 10)  # finished trials with a record only
 
