@@ -86,6 +86,11 @@ def steps_run(trainer: Trainer) -> int:
     return int(trainer.fit_loop.epoch_loop.batch_progress.total.completed)
 
 
+def tasks_closed(trainer: Trainer) -> int:
+    """Epochs (tasks) the fit loop has closed: counted before its end-of-epoch SIGTERM check raises."""
+    return int(trainer.fit_loop.epoch_progress.current.completed)
+
+
 def checkpoint_logged_steps(checkpoint: dict[str, Any]) -> int:
     """The logging step a checkpoint resumes at (``_batches_that_stepped`` of its loop state; else ``global_step``)."""
     loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
@@ -129,6 +134,12 @@ def missing_internals() -> list[str]:
         problems.append("_TrainingEpochLoop._batches_that_stepped (and its state_dict key) is gone")
     if "self.batch_progress" not in loop:
         problems.append("_TrainingEpochLoop.batch_progress is gone")
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+
+    end = _source(_FitLoop.on_advance_end)
+    closed, check = end.find("self.epoch_progress.increment_completed()"), end.find("trainer.received_sigterm")
+    if closed < 0 or not 0 <= closed < check:
+        problems.append("_FitLoop.on_advance_end no longer counts the epoch complete before its SIGTERM check")
     return problems + _missing_step_counters(loop)
 
 

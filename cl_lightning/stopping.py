@@ -25,6 +25,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cl_lightning import process_signals
 from cl_lightning.checkpointing import CheckpointError, read_checkpoint
+from cl_lightning.lightning_compat import tasks_closed
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -162,8 +163,7 @@ def all_tasks_done(trainer: Trainer) -> bool:
     """Whether the fit loop had closed the run's last task. A SIGTERM after the last task's final evaluation started
     leaves :class:`GracefulStop` nothing to stop, but Lightning checks for one once more as its fit loop closes the
     task, after every file was written, and raises ``SIGTERMException``: that run is complete."""
-    done = trainer.fit_loop.epoch_progress.current.completed
-    return trainer.max_epochs is not None and done >= trainer.max_epochs
+    return trainer.max_epochs is not None and tasks_closed(trainer) >= trainer.max_epochs
 
 
 def complete_after_sigterm(trainer: Trainer) -> None:

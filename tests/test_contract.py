@@ -159,7 +159,7 @@ ALLOWED = {
     "probing.py": {"contract"},
     "runfolder.py": {"errors"},
     "process_signals.py": set(),
-    "stopping.py": {"checkpointing", "process_signals"},
+    "stopping.py": {"checkpointing", "lightning_compat", "process_signals"},
     "suite.py": {"errors"},
     "sweep.py": {"suite", "report", "errors", "runfolder", "childproc"},
     "report.py": {"report_figures", "report_tables", "results", "contract", "errors", "departures"},
