@@ -29,7 +29,6 @@ What the CLI adds to every run, so a run can be trusted:
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 import warnings
@@ -236,7 +235,7 @@ class CLI(CompatCLI):
             if undone:
                 snapshot.undo()
             if isinstance(error, (StopRequested, SIGTERMException)):
-                signum = stop.signum or getattr(error, "signum", signal.SIGTERM)
+                signum = stop.signal_of(error)
                 sys.stderr.write(stop_message(self.trainer, signum, self.command_line, undone) + "\n")
                 raise SystemExit(exit_code(signum)) from None
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides

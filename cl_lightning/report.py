@@ -44,7 +44,7 @@ import yaml
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.report_tables import block_table, window_table, write_table
-from cl_lightning.results import Experiment, PaperWindows, final_window, last_value
+from cl_lightning.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
 SCALARS = ("forward", "backward", "online")
 
@@ -184,11 +184,6 @@ def paper_seconds(entry: dict[str, Any] | None) -> str:
     return f"{entry['hours'] * 3600 / entry['tasks']:.3g} (Tab. {entry['table']}, p. {entry['page']})"
 
 
-def _std(std: float, n: int) -> float:
-    """A spread over seeds needs two of them: NaN (no ``±`` in ``table.md``) for one."""
-    return std if n > 1 else math.nan
-
-
 def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per experiment: the numbers of ``table.csv`` (means, stds, the paper's values as text)."""
     paper, rows = published_numbers(), []
@@ -202,10 +197,14 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), online_key(m))
         for what, tag in zip(SCALARS, tags, strict=True):
             mean, std, n = final_window(exp.rows(tag), final)
-            row |= {f"{what}_mean": mean, f"{what}_std": _std(std, n), f"{what}_paper": paper_text(entry.get(what))}
+            row |= {
+                f"{what}_mean": mean,
+                f"{what}_std": spread_of(std, n),
+                f"{what}_paper": paper_text(entry.get(what)),
+            }
         for what in ("avg", "bwt", "fwt", "forgetting"):
             mean, std, n = last_value(exp.rows(f"forgetting/{what}")[done])  # R of finished runs only
-            row |= {f"{what}_mean": mean, f"{what}_std": _std(std, n)}
+            row |= {f"{what}_mean": mean, f"{what}_std": spread_of(std, n)}
         walls = [sum(a["wall_seconds"] for a in r["attempts"]) for r in exp.records if r.get("status") == "finished"]
         peaks = [max(a["peak_rss_bytes"] or 0 for a in r["attempts"]) for r in exp.records if r.get("attempts")]
         train = exp.rows("cost/task_seconds")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cl_lightning.contract import EvalSlot, metric_key
-from cl_lightning.results import Experiment, PaperWindows, block_stats
+from cl_lightning.results import Experiment, PaperWindows, block_stats, spread_of
 
 HESSIAN_RANK = "hessian/eff_rank"
 """The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
@@ -29,22 +29,19 @@ def _decimals(mean: float) -> int:
     return max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
 
 
-def _pm(mean: float, std: float) -> str:
-    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001), the std to the mean's last digit; the mean
-    alone when the std is NaN (one seed)."""
+def _pm(mean: float, std: float, decimals: int | None = None) -> str:
+    """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001) unless ``decimals`` is given, the std to the
+    mean's last digit; the mean alone when the std is NaN (one seed), ``—`` when the mean is."""
     if math.isnan(mean):
         return "—"
-    decimals = _decimals(mean)
+    decimals = _decimals(mean) if decimals is None else decimals
     return f"{mean:.{decimals}f}" if math.isnan(std) else f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 
 def _spread(stats: tuple[float, float, int], decimals: int | None = None) -> str:
-    """``mean ± std`` over the seeds of a block, the mean alone for one seed, ``—`` for none."""
+    """:func:`_pm` of a block's ``(mean, std, seeds)``: the mean alone for one seed, ``—`` for none."""
     mean, std, n = stats
-    if n == 0:
-        return "—"
-    decimals = _decimals(mean) if decimals is None else decimals
-    return f"{mean:.{decimals}f} ± {std:.{decimals}f}" if n > 1 else f"{mean:.{decimals}f}"
+    return _pm(mean if n else math.nan, spread_of(std, n), decimals)
 
 
 def _of(n: int, seeds: int) -> str:

@@ -134,6 +134,11 @@ def block_stats(exp: Experiment, tag: str, size: int, blocks: Iterable[int]) -> 
     return out
 
 
+def spread_of(std: float, seeds: int) -> float:
+    """The std over ``seeds`` seeds as a table shows it: a spread needs two seeds, so NaN (no ``±``) below that."""
+    return std if seeds > 1 else math.nan
+
+
 def last_value(rows: np.ndarray) -> tuple[float, float, int]:
     """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
     finals = []

@@ -21,11 +21,10 @@ from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from cl_lightning import process_signals
 from cl_lightning.checkpointing import CheckpointError, read_checkpoint
-from cl_lightning.lightning_compat import tasks_closed
+from cl_lightning.lightning_compat import SIGTERMException, tasks_closed
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -77,6 +76,10 @@ class GracefulStop(Callback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
+
+    def signal_of(self, error: BaseException) -> int:
+        """The signal that stopped the run: the first one recorded, else the error's (SIGTERM for Lightning's own)."""
+        return self.signum or getattr(error, "signum", signal.SIGTERM)
 
     def _stop_if_asked(self) -> None:
         if self.signum is not None:
@@ -150,7 +153,7 @@ def evaluate_stoppable(trainer: Trainer, run: Callable[..., Any], stop: Graceful
     try:
         run(**kwargs)
     except (StopRequested, SIGTERMException) as error:
-        signum = stop.signum or getattr(error, "signum", signal.SIGTERM)
+        signum = stop.signal_of(error)
         name = signal.Signals(signum).name
         line = (
             f"{command} stopped by {name} before its last batch: its scores are incomplete; run the same command again"
