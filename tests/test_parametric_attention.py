@@ -8,6 +8,7 @@ import torch
 from helpers import PARAMETRIC, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 import cl_lightning.learners.parametric_attention as pa
+import cl_lightning.nn.fast_weights as fast_weights
 from cl_lightning.learners import ParametricAttention
 from cl_lightning.learners.parametric_attention import Encoded
 from cl_lightning.ops import chunk_delta_rule
@@ -57,7 +58,7 @@ def test_the_leak_test_catches_read_after_write(monkeypatch: pytest.MonkeyPatch)
     def read_after_write(*args, prequential: bool, **kwargs):  # a learner that reads after its own write
         return chunk_delta_rule(*args, prequential=False, **kwargs)
 
-    monkeypatch.setattr(pa, "chunk_delta_rule", read_after_write)
+    monkeypatch.setattr(fast_weights, "chunk_delta_rule", read_after_write)
     assert _changed_from(_model("delta_rule"), 5)[5]
 
 

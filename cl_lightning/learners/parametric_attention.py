@@ -8,8 +8,9 @@ by online regression. A slow encoder h_θ (trained online by Adam) gives, per ex
     β = sigmoid(w_βᵀ h + b_β),   log α = −exp(A_log) · softplus(w_αᵀ h + dt_bias)     (GDN gate parameterisation)
 
 and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``cl_lightning.ops``, e.g. the delta rule
-S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ. Readout: logits = τ · Sᵀq
-(τ learnable; regression reads Sᵀq), averaged over heads.
+S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ (the mechanism, every rule's state,
+write and read: ``cl_lightning.nn.fast_weights``). Readout: logits = τ · Sᵀq (τ learnable; regression reads Sᵀq),
+averaged over heads.
 
 The paper's open questions are switches (docs/parametric-attention.md §1): the online objective — gates (``decay``,
 ``gated_delta_rule``, ``titans``' retention), several heads; the long-range signal — the Omega rule's window of the
@@ -41,7 +42,7 @@ Under DDP each rank keeps its own S, written with its share of each chunk.
 from __future__ import annotations
 
 import math
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
@@ -50,52 +51,23 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
-from cl_lightning.nn.mlp import MLP
-from cl_lightning.ops import (
-    chunk_decay_linear_attn,
-    chunk_delta_rule,
-    chunk_gated_delta_rule,
-    chunk_linear_attn,
-    chunk_longhorn,
-    chunk_omega_rule,
-    chunk_titans_linear,
-    chunk_ttt_linear,
-    chunk_ttt_mlp,
-    expand_pairs,
-    feature_map,
-    l2_normalize,
-    pair_outputs,
+from cl_lightning.nn.fast_weights import (
+    GATED_RULES,
+    TTT_RULES,
+    Encoded,
+    FastWeightRule,
+    RuleName,
+    State,
+    TTTLinearWeights,
+    as_state,
+    as_tuple,
+    initial_state,
 )
+from cl_lightning.nn.mlp import MLP
+from cl_lightning.ops import feature_map, l2_normalize
 from cl_lightning.ops.feature_maps import FeatureMapName, input_width, random_fourier_weights
-from cl_lightning.ops.ttt_linear import ttt_linear_read
-from cl_lightning.ops.ttt_mlp import mlp_forward
 
-RuleName = Literal[
-    "linear_attn",
-    "decay",
-    "delta_rule",
-    "gated_delta_rule",
-    "longhorn",
-    "omega",
-    "titans",
-    "ttt_linear",
-    "ttt_mlp",
-]
 EncoderTraining = Literal["online", "frozen_random", "frozen_after_first_task"]
-_GATED = ("decay", "gated_delta_rule", "titans")
-_TTT = ("ttt_linear", "ttt_mlp")
-State = Tensor | tuple[Tensor, ...]
-
-
-class Encoded(NamedTuple):
-    """One chunk's tokens: keys = queries ``(1, H, N, K)`` (``(1, H, N, P, K)`` with P pairs), write strengths β
-    ``(1, H, N)`` and, where the rule has them, log-gates (forget / retention), log-momentum and window weights γ."""
-
-    keys: Tensor
-    beta: Tensor
-    log_gate: Tensor | None = None
-    log_momentum: Tensor | None = None
-    gamma: Tensor | None = None
 
 
 class ParametricAttention(ContinualLearner):
@@ -105,13 +77,10 @@ class ParametricAttention(ContinualLearner):
         input_shape: Shape of one input (linked from the data module).
         num_outputs: Classes or regression targets (linked); d_v.
         task_type: Linked from the data module.
-        rule: The fast rule from ``cl_lightning.ops``: ``"linear_attn"`` (Hebbian, with write strength β),
-            ``"decay"`` (scalar-gate linear attention), ``"delta_rule"``, ``"gated_delta_rule"``, ``"longhorn"``
-            (the reference code's diagonal form), ``"omega"`` (the loss over the last ``window`` tokens),
-            ``"titans"`` (momentum on the surprise, retention gate as weight decay), ``"ttt_linear"`` (TTT-Linear;
-            values embedded to d_k by a learned map E, the output's residual branch read out as its inner products
-            with the columns of E), ``"ttt_mlp"`` (a two-layer MLP fast
-            weight of width ``mlp_hidden``).
+        rule: The fast rule from ``cl_lightning.ops`` (``cl_lightning.nn.fast_weights`` describes each):
+            ``"linear_attn"`` (Hebbian), ``"decay"``, ``"delta_rule"``, ``"gated_delta_rule"``, ``"longhorn"``,
+            ``"omega"`` (the last ``window`` tokens), ``"titans"`` (momentum, retention gate), ``"ttt_linear"``
+            (TTT-Linear, values embedded to d_k), ``"ttt_mlp"`` (a two-layer MLP fast weight of width ``mlp_hidden``).
         protocol: ``"lifelong"`` (one persistent state) or ``"support_set"`` (a fresh state per chunk).
         hidden_sizes: Widths of the encoder MLP's hidden layers (Permuted MNIST: [256, 256]).
         key_dim: d_k, per head: the rows of the state (the feature map's output width).
@@ -171,7 +140,7 @@ class ParametricAttention(ContinualLearner):
             raise ValueError("need hidden_sizes, key_dim, num_heads, chunk_size >= 1 and temperature, forget_init > 0")
         if window < 1 or mini_batch_size < 1 or kv_pairs < 1 or not 0 < momentum_init < 1:
             raise ValueError("need window, mini_batch_size, kv_pairs >= 1 and momentum_init in (0, 1)")
-        if kv_pairs > 1 and rule in _TTT:
+        if kv_pairs > 1 and rule in TTT_RULES:
             raise ValueError(f"kv_pairs > 1 needs a linear readout; rule {rule!r} reads through a non-linear model")
         if encoder_training not in ("online", "frozen_random", "frozen_after_first_task"):
             raise ValueError(f"unknown encoder_training {encoder_training!r}")
@@ -190,7 +159,7 @@ class ParametricAttention(ContinualLearner):
         gen = torch.Generator().manual_seed(seed)
         if feature_map == "random_fourier":
             self.register_buffer("rff_weights", random_fourier_weights(self.proj_dim, key_dim, gen))
-        if rule in _GATED:
+        if rule in GATED_RULES:
             self.gate_proj = self._gate_head(hidden[-1])
             self.a_log = nn.Parameter(torch.zeros(num_heads))  # A = 1
             dt_bias = forget_init + math.log(-math.expm1(-forget_init))  # inverse softplus (fla's dt_bias init)
@@ -210,30 +179,18 @@ class ParametricAttention(ContinualLearner):
         nn.init.zeros_(head.bias)
         return head
 
-    def _init_state(self, rule: str, num_outputs: int, mlp_hidden: int, gen: torch.Generator) -> None:
-        """Register the fast state's buffers (``fast_state`` first) and, for TTT rules, the learned initial state."""
-        heads, keys = self.num_heads, self.key_dim
-        if rule == "ttt_linear":  # TTT's initial fast weights are slow parameters (N(0, 0.02), b = 0)
-            self.value_embed = nn.Linear(num_outputs, keys, bias=False)
-            self.ln_weight = nn.Parameter(torch.ones(heads, keys))
-            self.ln_bias = nn.Parameter(torch.zeros(heads, keys))
-            init = [0.02 * torch.randn(heads, keys, keys, generator=gen), torch.zeros(heads, keys)]
-            self.state_names = ["fast_state", "fast_bias"]
-        elif rule == "ttt_mlp":  # W1 ~ N(0, 1): unit keys give unit-variance pre-activations; W2 = 0
-            init = [
-                torch.randn(heads, keys, mlp_hidden, generator=gen),
-                torch.zeros(heads, mlp_hidden),
-                torch.zeros(heads, mlp_hidden, num_outputs),
-                torch.zeros(heads, num_outputs),
-            ]
-            self.state_names = ["fast_state", "fast_b1", "fast_w2", "fast_b2"]
-        else:
-            init = [torch.zeros(heads, keys, num_outputs)]
-            self.state_names = ["fast_state", "fast_momentum"] if rule == "titans" else ["fast_state"]
-            init = init * len(self.state_names)
-        if rule in _TTT:
-            self.state_init = nn.ParameterList([nn.Parameter(t.clone()) for t in init])
-        for name, tensor in zip(self.state_names, init, strict=True):
+    def _init_state(self, rule: RuleName, num_outputs: int, mlp_hidden: int, gen: torch.Generator) -> None:
+        """Register TTT-Linear's slow weights, the fast state's buffers (``fast_state`` first) and, for TTT rules, the
+        learned initial state."""
+        if rule == "ttt_linear":  # values embedded to d_k by E; the inner LayerNorm of TTT's fast model
+            self.value_embed = nn.Linear(num_outputs, self.key_dim, bias=False)
+            self.ln_weight = nn.Parameter(torch.ones(self.num_heads, self.key_dim))
+            self.ln_bias = nn.Parameter(torch.zeros(self.num_heads, self.key_dim))
+        init = initial_state(rule, self.num_heads, self.key_dim, num_outputs, mlp_hidden, gen)
+        self.state_names = list(init)
+        if rule in TTT_RULES:  # TTT's initial fast weights are slow parameters
+            self.state_init = nn.ParameterList([nn.Parameter(t.clone()) for t in init.values()])
+        for name, tensor in init.items():
             self.register_buffer(name, tensor.clone())
 
     def freeze_keys(self) -> None:
@@ -251,18 +208,16 @@ class ParametricAttention(ContinualLearner):
 
     def live_state(self) -> State:
         """The live fast state: ``fast_state`` ``(H, K, V)``, or a tuple of buffers for multi-tensor rules."""
-        state = tuple(getattr(self, name) for name in self.state_names)
-        return state[0] if len(state) == 1 else state
+        return as_state(tuple(getattr(self, name) for name in self.state_names))
 
     def fresh_state(self) -> State:
         """The state a new context is written into: zeros, or the learned initial fast weights of the TTT rules."""
-        if self.rule in _TTT:
+        if self.rule in TTT_RULES:
             return tuple(self.state_init)
-        fresh = tuple(torch.zeros_like(getattr(self, name)) for name in self.state_names)
-        return fresh[0] if len(fresh) == 1 else fresh
+        return as_state(tuple(torch.zeros_like(getattr(self, name)) for name in self.state_names))
 
     def _set_state(self, state: State) -> None:
-        for name, tensor in zip(self.state_names, _as_tuple(state), strict=True):
+        for name, tensor in zip(self.state_names, as_tuple(state), strict=True):
             getattr(self, name).copy_(tensor.detach())
 
     # --- tokens ---------------------------------------------------------------------------------------------------
@@ -276,7 +231,7 @@ class ParametricAttention(ContinualLearner):
         keys = keys.unsqueeze(0) if self.kv_pairs > 1 else keys[:, :, 0].unsqueeze(0)  # (1, H, N[, P], K)
         beta = self.beta_proj(h).sigmoid().T.unsqueeze(0)  # (1, H, N)
         log_gate = log_momentum = gamma = None
-        if self.rule in _GATED:
+        if self.rule in GATED_RULES:
             log_gate = -self.a_log.exp() * nn.functional.softplus(self.gate_proj(h) + self.dt_bias)  # log α <= 0
             log_gate = log_gate.T.unsqueeze(0)
         if self.rule == "titans":
@@ -292,62 +247,22 @@ class ParametricAttention(ContinualLearner):
 
     # --- write and read -------------------------------------------------------------------------------------------
 
+    def fast_rule(self) -> FastWeightRule:
+        """The rule with its hyperparameters as set now (and, for ``ttt_linear``, its slow weights)."""
+        ttt = TTTLinearWeights(self.value_embed, self.ln_weight, self.ln_bias) if self.rule == "ttt_linear" else None
+        return FastWeightRule(
+            self.rule, self.key_dim, self.kv_pairs, self.chunk_size, self.window, self.mini_batch_size,
+            self.ttt_base_lr, ttt,
+        )  # fmt: skip
+
     def write(self, enc: Encoded, values: Tensor, state: State, prequential: bool = True) -> tuple[Tensor, State]:
         """Run the rule from ``state``: outputs ``(1, H, N, V')`` (read with q = k, before the readout head) and the
         final state (same structure as ``state``)."""
-        keys, beta, g, log_mu, gamma = enc
-        pairs = self.kv_pairs
-        if pairs > 1:  # P pairs per example: a P-times longer sequence, read at each example's first pair
-            values = values.unsqueeze(3).expand(-1, -1, -1, pairs, -1)  # every pair carries the example's value
-            q, keys, values, beta = expand_pairs(keys, keys, values, _per_pair(beta, pairs))
-            g, log_mu, gamma = (None if t is None else _per_pair(t, pairs).flatten(2, 3) for t in (g, log_mu, gamma))
-        else:
-            q = keys
-        s0 = tuple(t.unsqueeze(0).to(keys.dtype) for t in _as_tuple(state))  # (1, H, ...)
-        common = {"prequential": prequential}
-        chunk = {"chunk_size": self.chunk_size, **common}
-        mini = {"mini_batch_size": self.mini_batch_size, **common}
-        if self.rule == "linear_attn":
-            o, s = chunk_linear_attn(q, keys, values, beta, initial_state=s0[0], **chunk)
-        elif self.rule == "decay":
-            o, s = chunk_decay_linear_attn(q, keys, values, g, beta, initial_state=s0[0], **chunk)
-        elif self.rule == "delta_rule":
-            o, s = chunk_delta_rule(q, keys, values, beta, initial_state=s0[0], **chunk)
-        elif self.rule == "gated_delta_rule":
-            o, s = chunk_gated_delta_rule(q, keys, values, beta, g, initial_state=s0[0], **chunk)
-        elif self.rule == "longhorn":
-            o, s = chunk_longhorn(q, keys, values, beta, initial_state=s0[0], **chunk)
-        elif self.rule == "omega":
-            o, s = chunk_omega_rule(q, keys, values, beta / self.window, gamma, self.window, s0[0], **chunk)
-        elif self.rule == "titans":
-            o, s = chunk_titans_linear(q, keys, values, beta, log_mu, g, initial_state=s0, **mini)
-        elif self.rule == "ttt_linear":
-            v_emb = self.value_embed(values)  # (1, H, N, K)
-            eta = beta * self.ttt_base_lr / self.key_dim  # TTT's eta = (eta_base / d) sigmoid(.), tau_i = 1/i
-            o, s = chunk_ttt_linear(q, keys, v_emb, eta, self.ln_weight, self.ln_bias, initial_state=s0, **mini)
-            o = (o - q) @ self.value_embed.weight  # the residual branch read against each value's embedding
-        else:
-            eta = beta * self.ttt_base_lr / self.key_dim
-            tau = 1.0 / torch.arange(1, self.mini_batch_size + 1, dtype=keys.dtype, device=keys.device)
-            o, s = chunk_ttt_mlp(q, keys, values, eta, initial_state=s0, position_scale=tau, **mini)
-        if pairs > 1:
-            o = pair_outputs(o, pairs)
-        s = tuple(t.squeeze(0) for t in _as_tuple(s))
-        return o, s[0] if len(s) == 1 else s
+        return self.fast_rule().write(enc, values, state, prequential)
 
     def read(self, state: State, queries: Tensor) -> Tensor:
         """Readout ``(N, V)`` from ``state`` and queries ``(1, H, N, K)`` (or ``(1, H, N, P, K)``), no write."""
-        if queries.dim() == 5:
-            queries = queries.mean(3)  # linear readout: the mean of the P readings
-        s = tuple(t.unsqueeze(0).to(queries.dtype) for t in _as_tuple(state))
-        if self.rule == "ttt_linear":
-            o = ttt_linear_read(queries, s[0], s[1], self.ln_weight.unsqueeze(1), self.ln_bias.unsqueeze(1))
-            o = (o - queries) @ self.value_embed.weight
-        elif self.rule == "ttt_mlp":
-            o = mlp_forward(queries, s)
-        else:
-            o = queries @ s[0]
-        return self.readout(o)
+        return self.readout(self.fast_rule().read(state, queries))
 
     def readout(self, o: Tensor) -> Tensor:
         """Head-averaged ``Sᵀq``, ``(1, H, N, V) -> (N, V)``, times τ for classification logits."""
@@ -365,8 +280,7 @@ class ParametricAttention(ContinualLearner):
         x, y, _ = batch
         # a copy of the detached state: gradients stop at the chunk start, and the write-back below stays legal
         if self.protocol == "lifelong":
-            start = tuple(t.clone() for t in _as_tuple(self.live_state()))
-            start = start[0] if len(start) == 1 else start
+            start = as_state(tuple(t.clone() for t in as_tuple(self.live_state())))
         else:
             start = self.fresh_state()
         pred, new_state = self.online_predictions(x, y, start)
@@ -404,13 +318,4 @@ class ParametricAttention(ContinualLearner):
     def context_memory_bytes(self) -> int:
         """Bytes of the fast state (every buffer of it): the learner's whole context memory, constant over the
         stream."""
-        return sum(t.numel() * t.element_size() for t in _as_tuple(self.live_state()))
-
-
-def _per_pair(t: Tensor, pairs: int) -> Tensor:
-    """A per-example gate ``(1, H, N)`` repeated for each of its pairs: ``(1, H, N, P)``."""
-    return t.unsqueeze(3).expand(*t.shape[:3], pairs)
-
-
-def _as_tuple(state: State) -> tuple[Tensor, ...]:
-    return (state,) if isinstance(state, Tensor) else tuple(state)
+        return sum(t.numel() * t.element_size() for t in as_tuple(self.live_state()))

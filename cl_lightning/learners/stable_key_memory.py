@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import adam_1e4
-from cl_lightning.learners.parametric_attention import Encoded, ParametricAttention
+from cl_lightning.learners.parametric_attention import ParametricAttention
+from cl_lightning.nn.fast_weights import Encoded
 
 
 class StableKeyMemory(ParametricAttention):
