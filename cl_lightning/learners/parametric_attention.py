@@ -159,19 +159,24 @@ class ParametricAttention(ContinualLearner):
         gen = torch.Generator().manual_seed(seed)
         if feature_map == "random_fourier":
             self.register_buffer("rff_weights", random_fourier_weights(self.proj_dim, key_dim, gen))
-        if rule in GATED_RULES:
-            self.gate_proj = self._gate_head(hidden[-1])
-            self.a_log = nn.Parameter(torch.zeros(num_heads))  # A = 1
-            dt_bias = forget_init + math.log(-math.expm1(-forget_init))  # inverse softplus (fla's dt_bias init)
-            self.dt_bias = nn.Parameter(torch.full((num_heads,), dt_bias))
-        if rule == "titans":
-            self.momentum_proj = self._gate_head(hidden[-1])
-            self.momentum_bias = nn.Parameter(torch.full((num_heads,), math.log(momentum_init / (1 - momentum_init))))
-        if rule == "omega":
-            self.gamma_proj = self._gate_head(hidden[-1])  # γ ≈ sigmoid(0) = 0.5 at the start
+        self._init_gates(rule, hidden[-1], forget_init, momentum_init)
         self._init_state(rule, num_outputs, mlp_hidden or key_dim, gen)
         if encoder_training == "frozen_random":
             self.freeze_keys()
+
+    def _init_gates(self, rule: RuleName, width: int, forget_init: float, momentum_init: float) -> None:
+        """The rule's gate heads on h: the forget (retention) gate α, Titans' momentum μ, the Omega window's γ."""
+        heads = self.num_heads
+        if rule in GATED_RULES:
+            self.gate_proj = self._gate_head(width)
+            self.a_log = nn.Parameter(torch.zeros(heads))  # A = 1
+            dt_bias = forget_init + math.log(-math.expm1(-forget_init))  # inverse softplus (fla's dt_bias init)
+            self.dt_bias = nn.Parameter(torch.full((heads,), dt_bias))
+        if rule == "titans":
+            self.momentum_proj = self._gate_head(width)
+            self.momentum_bias = nn.Parameter(torch.full((heads,), math.log(momentum_init / (1 - momentum_init))))
+        if rule == "omega":
+            self.gamma_proj = self._gate_head(width)  # γ ≈ sigmoid(0) = 0.5 at the start
 
     def _gate_head(self, width: int) -> nn.Linear:
         head = nn.Linear(width, self.num_heads)
