@@ -12,13 +12,12 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
-from cl_lightning.learners.task_mean import TaskMean
+from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
@@ -77,7 +76,7 @@ class ContinualLearner(LightningModule, ABC):
         self._steps = 0  # host shadow of steps_taken (the checkpointed tensor), reread on load
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
         self._plain_optimizer: torch.optim.Optimizer | None = None  # set while learn_steps runs
-        self._deferred: dict[str, tuple[list[Tensor], list[int]]] | None = None  # learn_steps' task-mean terms
+        self._deferred: Terms | None = None  # learn_steps' task-mean terms
         self._deferred_online: list[tuple[Tensor, Tensor]] = []  # learn_steps' online predictions and targets
         self._plain_steps = 0  # optimiser steps taken by plain_step in the running batch
         self._fused_refused = False  # learn_fused cannot run in the running batch (learners/fused.py): stop asking
@@ -169,13 +168,7 @@ class ContinualLearner(LightningModule, ABC):
             values.append(value.detach())
             weights.append(weight)
             return
-        self._task_mean(name, value.device).update(value, weight)
-
-    def _task_mean(self, name: str, device: torch.device) -> TaskMean:
-        metric = self._task_means.get(name)
-        if metric is None:
-            metric = self._task_means[name] = TaskMean().to(device)
-        return metric
+        task_mean(self._task_means, name, value.device).update(value, weight)
 
     @classmethod
     def learns_steps(cls) -> bool:
@@ -254,20 +247,14 @@ class ContinualLearner(LightningModule, ABC):
             tracker.ready += steps
             tracker.completed += steps
 
-    def _add_deferred(
-        self,
-        deferred: dict[str, tuple[list[Tensor], list[int]]],
-        online: list[tuple[Tensor, Tensor]],
-        device: torch.device,
-    ) -> None:
+    def _add_deferred(self, deferred: Terms, online: list[tuple[Tensor, Tensor]], device: torch.device) -> None:
+        """Add a ``StreamSteps`` batch's held-back task-mean terms, its online predictions scored as one term."""
         if online:  # the weighted mean of the chunks' scores is the score of all their examples (float64)
             pred, y = torch.cat([p for p, _ in online]), torch.cat([t for _, t in online])
             values, weights = deferred.setdefault(online_key(self.metric_name), ([], []))
             values.append(self.score(pred.double(), y))
             weights.append(pred.shape[0])
-        for name, (values, weights) in deferred.items():  # values: 0-d per chunk, or 1-d for a fused run of chunks
-            values_t = torch.cat([v.reshape(-1) for v in values])
-            self._task_mean(name, device).update_many(values_t, torch.tensor(weights, dtype=torch.float64))
+        add_terms(self._task_means, deferred, device)
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""
@@ -278,22 +265,10 @@ class ContinualLearner(LightningModule, ABC):
         self._task_means = {}
 
     def on_train_epoch_end(self) -> None:
-        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks (subclasses call ``super()``).
-
-        A rank may not have logged a name another rank did (nothing to predict yet): the names are gathered first,
-        so every rank reduces the same metrics in the same order and no collective waits for a rank that skips it.
-        """
-        names = sorted(self._task_means)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[list[str] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, names)
-            names = sorted(set().union(*(g or [] for g in gathered)))
-        for name in names:
-            metric = self._task_means.get(name) or TaskMean().to(self.device)
-            with metric.sync_context():  # torchmetrics all-gathers the states and sums them (no-op on one process)
-                total, weight = metric.total.clone(), metric.weight.clone()
-            if weight > 0:
-                self.log(name, (total / weight).float(), on_step=False, on_epoch=True)
+        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks
+        (:func:`~cl_lightning.learners.task_mean.reduce_task_means`; subclasses call ``super()``)."""
+        for name, value in reduce_task_means(self._task_means, self.device).items():
+            self.log(name, value, on_step=False, on_epoch=True)
         self._task_means = {}
 
     @abstractmethod
