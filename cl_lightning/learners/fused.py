@@ -6,7 +6,7 @@ place of ``learn_chunk`` on the remaining chunks of a ``StreamSteps`` batch. It 
 ``learn_chunk`` would: a regression task on the CPU, the configured optimiser one :class:`FlatAdam` or
 :class:`FlatAdamGnT` reproduces, no forward hook on any of the learner's modules (a monitor's hook would not fire),
 full precision (``learn_steps`` runs only there). None of these changes inside a batch, so a refusal holds for the
-rest of it (``ContinualLearner._fused_refused``).
+rest of it (``ChunkedRun.fused_refused``, :mod:`cl_lightning.learners.chunked`).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
     """The optimiser of the running ``learn_steps`` as one flat Adam (or AdamGnT) over the learner's parameters,
     bound for this batch; ``None`` where a fused step must not run (see the module docstring), which also stops
     ``learn_steps`` asking again in this batch. A refused optimiser is warned of once per learner."""
-    optimizer = learner._plain_optimizer
-    learner._fused_refused = True  # until every check below has passed
+    optimizer = learner._chunked.optimizer
+    learner._chunked.fused_refused = True  # until every check below has passed
     if learner.task_type != "regression" or optimizer is None or learner.device.type != "cpu":
         return None  # bit-exactness is tested on the CPU only (no accelerator was at hand to test it on)
     if has_forward_hooks(learner.modules()):
@@ -42,7 +42,7 @@ def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
     if reason is not None:
         _warn_once(learner, "_fused_warned", f"no fused step ({reason}); learning chunk by chunk")
         return None
-    learner._fused_refused = False
+    learner._chunked.fused_refused = False
     flat_type = FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam
     adam = learner.__dict__.get("_flat_adam")  # not module state: rebuilt from the optimiser
     if type(adam) is not flat_type:
@@ -82,7 +82,7 @@ def _warn_once(learner: ContinualLearner, flag: str, message: str) -> None:
 def refuse(learner: ContinualLearner) -> None:
     """No fused step in the running batch (the learner's own reason, fixed for the batch): ``learn_steps`` stops
     asking; ``None``, for ``learn_fused`` to return."""
-    learner._fused_refused = True
+    learner._chunked.fused_refused = True
 
 
 def finish_fused(learner: ContinualLearner, adam: FlatOptimizer, preds: Tensor, y: Tensor, weight: int) -> Tensor:
@@ -90,11 +90,11 @@ def finish_fused(learner: ContinualLearner, adam: FlatOptimizer, preds: Tensor, 
     ``preds (T, B, k)`` of targets ``y (T, B, k)``, each step's MSE as a ``train/loss`` term of ``weight`` examples,
     ``T`` optimiser steps; returns the summed losses."""
     adam.release()
-    steps = preds.shape[0]
-    learner._deferred_online.append((preds.flatten(0, 1), y.flatten(0, 1)))
+    steps, run = preds.shape[0], learner._chunked
+    run.online.append((preds.flatten(0, 1), y.flatten(0, 1)))
     losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))  # (T,): each step's loss
-    values, weights = learner._deferred.setdefault("train/loss", ([], []))
+    values, weights = run.terms.setdefault("train/loss", ([], []))
     values.append(losses)  # one 1-d entry for the run of steps (ContinualLearner._add_deferred)
     weights.extend([weight] * steps)
-    learner._plain_steps += steps
+    run.steps += steps
     return losses.sum()
