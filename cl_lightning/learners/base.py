@@ -7,7 +7,6 @@ built) and what callbacks may call on it is :class:`cl_lightning.contract.Observ
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -18,6 +17,7 @@ from torch import Tensor, nn
 
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
 from cl_lightning.learners import chunked
+from cl_lightning.learners.arguments import running_arguments, taken_arguments
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
@@ -27,10 +27,6 @@ __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 def adam_1e4(params: Any) -> torch.optim.Optimizer:
     """Adam with lr 1e-4 and PyTorch's default betas: the optimiser of every learner in the QOA paper."""
     return torch.optim.Adam(params, lr=1e-4)
-
-
-def _parameters(cls: type) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(cls.__init__).parameters)
 
 
 class ContinualLearner(LightningModule, ABC):
@@ -75,21 +71,14 @@ class ContinualLearner(LightningModule, ABC):
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
         self._chunked: chunked.ChunkedRun | None = None  # the running StreamSteps batch's bookkeeping (learn_steps)
         # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
-        everything = {name for cls in type(self).__mro__ if "__init__" in vars(cls) for name in _parameters(cls)}
-        self.save_hyperparameters(ignore=sorted(everything - self.arguments()))
+        self.save_hyperparameters(ignore=sorted(running_arguments(type(self)) - self.arguments()))
 
     @classmethod
     def arguments(cls) -> set[str]:
         """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
-        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself."""
-        names: set[str] = set()
-        for owner in cls.__mro__:
-            if "__init__" in vars(owner):
-                params = _parameters(owner)
-                names |= {name for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
-                if owner is ContinualLearner or all(p.kind is not p.VAR_KEYWORD for p in params.values()):
-                    break
-        return names - set(cls.fixed_arguments)
+        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself
+        (:func:`~cl_lightning.learners.arguments.taken_arguments`)."""
+        return taken_arguments(cls, ContinualLearner) - set(cls.fixed_arguments)
 
     @property
     def metric_name(self) -> str:
