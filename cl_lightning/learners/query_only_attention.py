@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.replay import ReplayLearner
-from cl_lightning.memory.support_sampler import SamplerName, sample_support
+from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
 from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.distributed import answer_across_ranks
@@ -142,12 +142,7 @@ class QueryOnlyAttention(ReplayLearner):
         self.buffer.add(x, y, task_id, gen, host_y=self.host_labels(y))
         if not self.ready():
             return None
-        labels = self.buffer.labels if self.task_type == "classification" else None  # the sampler reads one window
-        q_idx, s_idx = sample_support(  # on the host, from host labels and the CPU generator
-            self.sampler, labels, len(self.buffer), self.support_size, self.queries_per_step, gen
-        )
-        q_idx, s_idx = q_idx.to(x.device, non_blocking=True), s_idx.to(x.device, non_blocking=True)
-        (qx, qy), (sx, sy) = self.buffer.get(q_idx), self.buffer.get(s_idx)
+        (qx, qy), (sx, sy) = draw_support(self.buffer, self.sampler, self.support_size, self.queries_per_step, gen)
         loss, pred = self.query_forward(qx, qy, sx, sy)
         if shared:  # the same supports, weights and query: the online prediction is this one
             self.log_online(pred.detach(), y)
@@ -176,14 +171,11 @@ class QueryOnlyAttention(ReplayLearner):
         return fused.finish_fused(self, adam, preds, y[:, None], 1)
 
     def _online_is_the_query(self, x: Tensor) -> bool:
-        """Whether the online prediction of ``x`` equals this step's training prediction: the sliding sampler on a
-        FIFO, one point, one query, the buffer answering before and ready after storing it (the query is then the
-        point, its supports the ``support_size`` stored before it: the online metric's support set)."""
+        """Whether the online prediction of ``x`` equals this step's training prediction: the buffer answers before
+        and is ready after storing the point, which is then the query, its supports the online metric's support set
+        (:func:`~cl_lightning.memory.support_sampler.query_is_incoming`: the ``support_size`` stored before it)."""
         return (
-            self.sampler == "sliding"
-            and self.buffer.mode == "fifo"
-            and self.queries_per_step == 1
-            and x.shape[0] == 1
+            query_is_incoming(self.sampler, self.buffer, self.queries_per_step, x.shape[0])
             and self.online_queries >= 1
             and self.online_ready()
             and min(len(self.buffer) + 1, self.buffer.capacity) >= self.ready_size
