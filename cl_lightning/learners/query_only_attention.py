@@ -14,7 +14,6 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -26,6 +25,7 @@ from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
 from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
@@ -59,10 +59,9 @@ class QueryOnlyAttention(ReplayLearner):
             answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
             ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
         compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``
-            (inductor). The parameters and checkpoints are the module's own (no ``_orig_mod`` keys); evaluation and
-            the online metric stay eager (their blocked path already runs at the matrix-product rate). Off by
-            default: on the CPU a compiled V1 step costs 0.89 of an eager one (about 3 % of a paper-size task) after
-            a compilation (27–29 s cold here) that every short run would pay (README, "The GPU path").
+            (inductor); evaluation and the online metric stay eager (their blocked path already runs at the
+            matrix-product rate). Off by default: on the CPU a short run pays more for the compilation than the
+            compiled steps save (measured: :mod:`cl_lightning.nn.compiled`).
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
         step_kernel: What runs the fused one-point steps of label-free regression: ``"torch"`` (autograd's numbers
@@ -102,7 +101,7 @@ class QueryOnlyAttention(ReplayLearner):
         self.compile, self.compile_mode = compile, compile_mode
         fused.check_step_kernel(step_kernel)
         self.step_kernel = step_kernel
-        self._compiled_loss: Callable[..., Tensor] | None = None  # built at the first step (not module state)
+        self._compiled_loss = LazyCompile(self._query_forward, compile_mode) if compile else None  # not module state
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = self.num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
@@ -186,22 +185,13 @@ class QueryOnlyAttention(ReplayLearner):
         return self.query_forward(qx, qy, sx, sy)[0]
 
     def query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`query_loss` and the queries' predictions."""
-        if not self.compile:
-            return self._query_forward(qx, qy, sx, sy)
-        if self._compiled_loss is None:
-            self._compiled_loss = torch.compile(self._query_forward, mode=self.compile_mode)
-        return self._compiled_loss(qx, qy, sx, sy)
+        """:meth:`query_loss` and the queries' predictions (:class:`~cl_lightning.nn.compiled.LazyCompile`)."""
+        forward = self._query_forward if self._compiled_loss is None else self._compiled_loss
+        return forward(qx, qy, sx, sy)
 
     def _query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
         pred = self.attend(qx, sx, sy)
         return self.loss(pred, qy), pred
-
-    def __getstate__(self) -> dict:
-        """Pickle and deep-copy without the compiled function (rebuilt at the next step)."""
-        state = super().__getstate__()
-        state["_compiled_loss"] = None
-        return state
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
         """The optimiser factory's optimiser, Adam switched to its fused kernel (same update, ~10x faster here)."""
