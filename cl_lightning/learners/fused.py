@@ -14,9 +14,10 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING, Literal
 
+import torch
 from torch import Tensor
 
-from cl_lightning.nn import native
+from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 from cl_lightning.nn.hooks import has_forward_hooks
@@ -25,6 +26,7 @@ StepKernel = Literal["torch", "native"]
 
 if TYPE_CHECKING:
     from cl_lightning.learners.base import ContinualLearner
+    from cl_lightning.nn.scorers import PairScorer
 
 
 def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
@@ -50,13 +52,15 @@ def fused_adam(learner: ContinualLearner) -> FlatOptimizer | None:
     return adam.bind(optimizer, params)
 
 
-def check_step_kernel(step_kernel: StepKernel) -> None:
-    """Fail at construction, not mid-run: ``"native"`` needs the C kernels (:mod:`cl_lightning.nn.native`), which
-    are built here on first use; :class:`~cl_lightning.nn.native.NativeUnavailableError` says why they cannot be."""
+def check_step_kernel(step_kernel: StepKernel) -> StepKernel:
+    """``step_kernel``, checked at construction, not mid-run: ``"native"`` needs the C kernels
+    (:mod:`cl_lightning.nn.native`), which are built here on first use;
+    :class:`~cl_lightning.nn.native.NativeUnavailableError` says why they cannot be."""
     if step_kernel not in ("torch", "native"):
         raise ValueError(f"step_kernel must be 'torch' or 'native', not {step_kernel!r}")
     if step_kernel == "native":
         native.library()
+    return step_kernel
 
 
 def uses_native(learner: ContinualLearner, adam: FlatOptimizer, kind: type[FlatOptimizer] = FlatAdam) -> bool:
@@ -69,6 +73,25 @@ def uses_native(learner: ContinualLearner, adam: FlatOptimizer, kind: type[FlatO
     if reason is not None:
         _warn_once(learner, "_native_warned", f"no native step kernel ({reason}); torch fused steps")
     return reason is None
+
+
+def attention_steps(
+    learner: ContinualLearner,
+    adam: FlatOptimizer,
+    scorer: PairScorer,
+    support: tuple[Tensor, Tensor],
+    x: Tensor,
+    y: Tensor,
+) -> Tensor:
+    """Label-free query-only attention steps along the stream: point ``t`` of ``x (T, D)``, ``y (T, k)`` is the query
+    of step ``t`` over the ``S`` points before it, the first step's being ``support`` (``(S, D)``, ``(S, k)``; each
+    later point joins them). The window ``support + x`` goes through
+    :func:`~cl_lightning.nn.fused_steps.attention_mse_steps`, or its C form where :func:`uses_native`; the
+    predictions ``(T, 1, k)``, each made before its step."""
+    sx, sy = support
+    window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
+    steps = native.attention_mse_steps if uses_native(learner, adam) else fused_steps.attention_mse_steps
+    return steps(scorer.first, [*scorer.hidden, scorer.out], adam, window_x, window_y, sx.shape[0])
 
 
 def _warn_once(learner: ContinualLearner, flag: str, message: str) -> None:

@@ -23,7 +23,6 @@ from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
-from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
@@ -99,8 +98,7 @@ class QueryOnlyAttention(ReplayLearner):
         self.use_labels = use_labels and self.task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
         self.compile, self.compile_mode = compile, compile_mode
-        fused.check_step_kernel(step_kernel)
-        self.step_kernel = step_kernel
+        self.step_kernel = fused.check_step_kernel(step_kernel)
         self._compiled_loss = LazyCompile(self._query_forward, compile_mode) if compile else None  # not module state
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = self.num_outputs if self.use_labels else 0
@@ -159,12 +157,7 @@ class QueryOnlyAttention(ReplayLearner):
         adam = fused.fused_adam(self) if self._online_is_the_query(x[:1]) else None
         if adam is None:
             return None
-        sx, sy = self.memory_support()  # the supports of the first step; each later point joins them
-        window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
-        scorer = self.scorer
-        layers = [*scorer.hidden, scorer.out]
-        steps = native.attention_mse_steps if fused.uses_native(self, adam) else fused_steps.attention_mse_steps
-        preds = steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
+        preds = fused.attention_steps(self, adam, self.scorer, self.memory_support(), x, y)
         self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
         return fused.finish_fused(self, adam, preds, y[:, None], 1)
