@@ -194,8 +194,8 @@ class ContinualLearner(LightningModule, ABC):
         return chunked.learn_steps(self, batch)
 
     def _count_steps(self, steps: int) -> None:
-        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``): the fit loop's
-        counters are read and advanced here only (``tests/test_lightning_compat.py``)."""
+        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``); the fit loop's
+        counters are reached in this module only, outside the adapter (``tests/test_lightning_compat.py``)."""
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         for tracker in (progress.total, progress.current):
             tracker.ready += steps
