@@ -55,7 +55,7 @@ PER_STEP_ON_CPU_ONLY = {
     "it folds the loss's finiteness into a device flag read every 100 steps (its docstring)",
 }
 PER_TASK = {  # at most MAX_PER_TASK events per task each
-    "base.py:_task_mean": "a task mean's two states are made on the host and moved when the task's first value "
+    "task_mean.py:task_mean": "a task mean's two states are made on the host and moved when the task's first value "
     "of that name arrives",
     "utilities/data.py:has_len_all_ranks": "Lightning checks the reloaded training loader's length (each task)",
 }

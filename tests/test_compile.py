@@ -23,7 +23,8 @@ def test_compiled_training_equals_eager_and_its_checkpoint_loads_eagerly(tmp_pat
         cli.trainer.fit(cli.model, cli.datamodule)
         runs[compiled] = cli
     eager, compiled = runs[False].model, runs[True].model
-    assert compiled._compiled_loss is not None  # it did run compiled
+    assert compiled._compiled_loss is not None
+    assert compiled._compiled_loss.compiled is not None  # it did run compiled
     assert eager._compiled_loss is None
     assert int(compiled.steps_taken) == 32
     weights_e, weights_c = eager.state_dict(), compiled.state_dict()

@@ -54,8 +54,7 @@ class Backprop(ContinualLearner):
         super().__init__(**kwargs)
         if step_kernel != "torch" and not self.has_native_kernel():
             raise ValueError(f"{type(self).__name__} has no native step kernel: use step_kernel='torch'")
-        fused.check_step_kernel(step_kernel)
-        self.step_kernel = step_kernel
+        self.step_kernel = fused.check_step_kernel(step_kernel)
         hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.net = MLP(features, self.num_outputs, hidden, init=init)

@@ -7,18 +7,18 @@ built) and what callbacks may call on it is :class:`cl_lightning.contract.Observ
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
-from cl_lightning.learners.task_mean import TaskMean
+from cl_lightning.learners import chunked
+from cl_lightning.learners.arguments import running_arguments, taken_arguments
+from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
@@ -27,13 +27,6 @@ __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 def adam_1e4(params: Any) -> torch.optim.Optimizer:
     """Adam with lr 1e-4 and PyTorch's default betas: the optimiser of every learner in the QOA paper."""
     return torch.optim.Adam(params, lr=1e-4)
-
-
-def _parameters(cls: type) -> dict[str, inspect.Parameter]:
-    return dict(inspect.signature(cls.__init__).parameters)
-
-
-FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values learn_steps may run under
 
 
 class ContinualLearner(LightningModule, ABC):
@@ -76,27 +69,16 @@ class ContinualLearner(LightningModule, ABC):
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
         self._steps = 0  # host shadow of steps_taken (the checkpointed tensor), reread on load
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
-        self._plain_optimizer: torch.optim.Optimizer | None = None  # set while learn_steps runs
-        self._deferred: dict[str, tuple[list[Tensor], list[int]]] | None = None  # learn_steps' task-mean terms
-        self._deferred_online: list[tuple[Tensor, Tensor]] = []  # learn_steps' online predictions and targets
-        self._plain_steps = 0  # optimiser steps taken by plain_step in the running batch
-        self._fused_refused = False  # learn_fused cannot run in the running batch (learners/fused.py): stop asking
+        self._chunked: chunked.ChunkedRun | None = None  # the running StreamSteps batch's bookkeeping (learn_steps)
         # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
-        everything = {name for cls in type(self).__mro__ if "__init__" in vars(cls) for name in _parameters(cls)}
-        self.save_hyperparameters(ignore=sorted(everything - self.arguments()))
+        self.save_hyperparameters(ignore=sorted(running_arguments(type(self)) - self.arguments()))
 
     @classmethod
     def arguments(cls) -> set[str]:
         """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
-        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself."""
-        names: set[str] = set()
-        for owner in cls.__mro__:
-            if "__init__" in vars(owner):
-                params = _parameters(owner)
-                names |= {name for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
-                if owner is ContinualLearner or all(p.kind is not p.VAR_KEYWORD for p in params.values()):
-                    break
-        return names - set(cls.fixed_arguments)
+        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself
+        (:func:`~cl_lightning.learners.arguments.taken_arguments`)."""
+        return taken_arguments(cls, ContinualLearner) - set(cls.fixed_arguments)
 
     @property
     def metric_name(self) -> str:
@@ -149,8 +131,8 @@ class ContinualLearner(LightningModule, ABC):
         """Log the prequential metric of predictions made *before* learning from ``y`` (per-task mean)."""
         if pred.shape[0] == 0:
             return
-        if self._deferred is not None:  # inside learn_steps: scored once per batch
-            self._deferred_online.append((pred.detach(), y))
+        if self._chunked is not None:  # inside learn_steps: scored once per batch
+            self._chunked.online.append((pred.detach(), y))
         else:
             self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
         if loss is not None:
@@ -164,18 +146,10 @@ class ContinualLearner(LightningModule, ABC):
         step: ``benchmarks/loop_overhead.py``), and averages over every DDP rank's chunks rather than reporting rank
         0's alone.
         """
-        if self._deferred is not None:  # inside learn_steps: added once per batch
-            values, weights = self._deferred.setdefault(name, ([], []))
-            values.append(value.detach())
-            weights.append(weight)
+        if self._chunked is not None:  # inside learn_steps: added once per batch
+            self._chunked.add(name, value, weight)
             return
-        self._task_mean(name, value.device).update(value, weight)
-
-    def _task_mean(self, name: str, device: torch.device) -> TaskMean:
-        metric = self._task_means.get(name)
-        if metric is None:
-            metric = self._task_means[name] = TaskMean().to(device)
-        return metric
+        task_mean(self._task_means, name, value.device).update(value, weight)
 
     @classmethod
     def learns_steps(cls) -> bool:
@@ -185,17 +159,10 @@ class ContinualLearner(LightningModule, ABC):
         return owner["learn_chunk"] is not ContinualLearner and issubclass(owner["learn_chunk"], owner["training_step"])
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """A :class:`~cl_lightning.contract.StreamSteps` batch: the learner steps itself (manual optimisation)."""
+        """A :class:`~cl_lightning.contract.StreamSteps` batch: the learner steps itself (manual optimisation), if it
+        can (:func:`~cl_lightning.learners.chunked.check_steps`)."""
         if isinstance(batch, StreamSteps):
-            if not self.learns_steps():
-                raise TypeError(
-                    f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1"
-                )
-            if str(self.trainer.precision) not in FULL_PRECISION:  # plain_step runs outside the precision plugin
-                raise ValueError(
-                    f"data.steps_per_batch > 1 steps the optimiser outside Lightning's precision plugin: "
-                    f"trainer.precision {self.trainer.precision!r} needs data.steps_per_batch: 1 (or 32-true / 64-true)"
-                )
+            chunked.check_steps(self)
             if self.automatic_optimization:  # the first one: global_step goes on from the automatic loop's count
                 self._count_steps(
                     self.trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps
@@ -212,62 +179,36 @@ class ContinualLearner(LightningModule, ABC):
         """Learn chunks ``start..`` of the batch through a fused inner step (the numbers of :meth:`learn_chunk` on
         each, bit for bit: ``learners/fused.py``) and return their summed loss; ``None`` (the default) where no fused
         step applies now, and :meth:`learn_chunk` takes chunk ``start``. Asked again at the next chunk unless it set
-        ``_fused_refused`` (``fused.fused_adam`` does: nothing it checks changes inside a batch)."""
+        ``ChunkedRun.fused_refused`` (``fused.fused_adam`` does: nothing it checks changes inside a batch)."""
         return None
 
     def plain_step(self, loss: Tensor) -> None:
         """One optimiser step on ``loss`` inside :meth:`learn_steps`: the optimiser itself, without Lightning's
-        wrapper (one process, full precision: the data module refuses ``StreamSteps`` under DDP)."""
-        optimizer = self._plain_optimizer
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        self._plain_steps += 1
+        wrapper (:meth:`~cl_lightning.learners.chunked.ChunkedRun.step`)."""
+        self._chunked.step(loss)
 
     def learn_steps(self, batch: StreamSteps) -> Tensor | None:
         """:meth:`learn_chunk` on each chunk of the batch in arrival order (each predicted, then learned, before the
-        next is seen: the one-chunk-per-batch algorithm), the task means added once; the summed losses."""
-        self._plain_optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
-        self._deferred, self._deferred_online, self._plain_steps = {}, [], 0
-        self._fused_refused = not self.fused_steps  # decided once per batch (a refusal's causes do not change in one)
-        losses = []
-        try:  # a loop over time: each chunk is learned before the next one is predicted
-            for i in range(batch.x.shape[0]):
-                fused = None if self._fused_refused else self.learn_fused(batch, i)
-                if fused is not None:  # chunks i.. were learned by the fused step
-                    losses.append(fused)
-                    break
-                loss = self.learn_chunk(StreamBatch(batch.x[i], batch.y[i], batch.task_id[i]))
-                if loss is not None:
-                    losses.append(loss.detach())
-        finally:
-            deferred, online, self._deferred, self._plain_optimizer = self._deferred, self._deferred_online, None, None
-        self._add_deferred(deferred, online, batch.x.device)
-        # global_step: the optimiser steps taken; with nothing to train (kNN) every chunk, as Lightning's loop counts
-        self._count_steps(self._plain_steps if any(p.requires_grad for p in self.parameters()) else batch.x.shape[0])
-        return torch.stack(losses).sum() if losses else None
+        next is seen: the one-chunk-per-batch algorithm), the task means added once; the summed losses
+        (:func:`~cl_lightning.learners.chunked.learn_steps`: the optimiser stepped by hand, terms held back)."""
+        return chunked.learn_steps(self, batch)
 
     def _count_steps(self, steps: int) -> None:
-        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``)."""
+        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``); the fit loop's
+        counters are reached in this module only, outside the adapter (``tests/test_lightning_compat.py``)."""
         progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
         for tracker in (progress.total, progress.current):
             tracker.ready += steps
             tracker.completed += steps
 
-    def _add_deferred(
-        self,
-        deferred: dict[str, tuple[list[Tensor], list[int]]],
-        online: list[tuple[Tensor, Tensor]],
-        device: torch.device,
-    ) -> None:
+    def _add_deferred(self, deferred: Terms, online: list[tuple[Tensor, Tensor]], device: torch.device) -> None:
+        """Add a ``StreamSteps`` batch's held-back task-mean terms, its online predictions scored as one term."""
         if online:  # the weighted mean of the chunks' scores is the score of all their examples (float64)
             pred, y = torch.cat([p for p, _ in online]), torch.cat([t for _, t in online])
             values, weights = deferred.setdefault(online_key(self.metric_name), ([], []))
             values.append(self.score(pred.double(), y))
             weights.append(pred.shape[0])
-        for name, (values, weights) in deferred.items():  # values: 0-d per chunk, or 1-d for a fused run of chunks
-            values_t = torch.cat([v.reshape(-1) for v in values])
-            self._task_mean(name, device).update_many(values_t, torch.tensor(weights, dtype=torch.float64))
+        add_terms(self._task_means, deferred, device)
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""
@@ -278,22 +219,10 @@ class ContinualLearner(LightningModule, ABC):
         self._task_means = {}
 
     def on_train_epoch_end(self) -> None:
-        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks (subclasses call ``super()``).
-
-        A rank may not have logged a name another rank did (nothing to predict yet): the names are gathered first,
-        so every rank reduces the same metrics in the same order and no collective waits for a rank that skips it.
-        """
-        names = sorted(self._task_means)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            gathered: list[list[str] | None] = [None] * dist.get_world_size()
-            dist.all_gather_object(gathered, names)
-            names = sorted(set().union(*(g or [] for g in gathered)))
-        for name in names:
-            metric = self._task_means.get(name) or TaskMean().to(self.device)
-            with metric.sync_context():  # torchmetrics all-gathers the states and sums them (no-op on one process)
-                total, weight = metric.total.clone(), metric.weight.clone()
-            if weight > 0:
-                self.log(name, (total / weight).float(), on_step=False, on_epoch=True)
+        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks
+        (:func:`~cl_lightning.learners.task_mean.reduce_task_means`; subclasses call ``super()``)."""
+        for name, value in reduce_task_means(self._task_means, self.device).items():
+            self.log(name, value, on_step=False, on_epoch=True)
         self._task_means = {}
 
     @abstractmethod

@@ -134,7 +134,7 @@ class ContinualBackprop(Backprop):
 
     def learn_chunk(self, batch: StreamBatch) -> Tensor:
         """One optimiser step on the chunk, then generate-and-test on its features (``ContinualBackprop.learn``)."""
-        optimizer = self._plain_optimizer
+        optimizer = self._chunked.optimizer
         loss, features = self._loss_and_features(batch)
         self.plain_step(loss)
         self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
@@ -146,7 +146,7 @@ class ContinualBackprop(Backprop):
         (:meth:`~cl_lightning.learners.backprop.Backprop.fused_mlp_steps`): regression on flat inputs."""
         if type(self).learn_chunk is not ContinualBackprop.learn_chunk:
             return fused.refuse(self)
-        layers, optimizer, draws = list(self.net.layers), self._plain_optimizer, itertools.count(self._steps)
+        layers, optimizer, draws = list(self.net.layers), self._chunked.optimizer, itertools.count(self._steps)
 
         def generate_and_test(features: list[Tensor]) -> None:
             self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
@@ -160,12 +160,12 @@ class ContinualBackprop(Backprop):
         """:meth:`learn_fused`'s steps in C, generate-and-test included (``step_kernel="native"``,
         :func:`~cl_lightning.nn.native.cbp_mse_steps`); step ``t`` of the chunk draws from the generator of step
         ``steps taken + t``, as the torch path."""
-        first = self._steps
+        first, optimizer = self._steps, self._chunked.optimizer
 
         def generator_at(t: int) -> torch.Generator:
             return self.generator_at(first + t)
 
-        return native.cbp_mse_steps(list(self.net.layers), adam, self.gnt, xs, ys, self._plain_optimizer, generator_at)
+        return native.cbp_mse_steps(list(self.net.layers), adam, self.gnt, xs, ys, optimizer, generator_at)
 
     def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:
         """Generate-and-test after the optimiser step (``ContinualBackprop.learn``); ``learn_chunk`` did it already

@@ -14,7 +14,6 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -23,9 +22,9 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners import fused
 from cl_lightning.learners.replay import ReplayLearner
-from cl_lightning.memory.support_sampler import SamplerName, sample_support
-from cl_lightning.nn import fused_steps, native
+from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
 from cl_lightning.nn.cnn import make_encoder
+from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
@@ -59,10 +58,9 @@ class QueryOnlyAttention(ReplayLearner):
             answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
             ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
         compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``
-            (inductor). The parameters and checkpoints are the module's own (no ``_orig_mod`` keys); evaluation and
-            the online metric stay eager (their blocked path already runs at the matrix-product rate). Off by
-            default: on the CPU a compiled V1 step costs 0.89 of an eager one (about 3 % of a paper-size task) after
-            a compilation (27–29 s cold here) that every short run would pay (README, "The GPU path").
+            (inductor); evaluation and the online metric stay eager (their blocked path already runs at the
+            matrix-product rate). Off by default: on the CPU a short run pays more for the compilation than the
+            compiled steps save (measured: :mod:`cl_lightning.nn.compiled`).
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
         step_kernel: What runs the fused one-point steps of label-free regression: ``"torch"`` (autograd's numbers
@@ -100,9 +98,8 @@ class QueryOnlyAttention(ReplayLearner):
         self.use_labels = use_labels and self.task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
         self.compile, self.compile_mode = compile, compile_mode
-        fused.check_step_kernel(step_kernel)
-        self.step_kernel = step_kernel
-        self._compiled_loss: Callable[..., Tensor] | None = None  # built at the first step (not module state)
+        self.step_kernel = fused.check_step_kernel(step_kernel)
+        self._compiled_loss = LazyCompile(self._query_forward, compile_mode) if compile else None  # not module state
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = self.num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
@@ -142,12 +139,7 @@ class QueryOnlyAttention(ReplayLearner):
         self.buffer.add(x, y, task_id, gen, host_y=self.host_labels(y))
         if not self.ready():
             return None
-        labels = self.buffer.labels if self.task_type == "classification" else None  # the sampler reads one window
-        q_idx, s_idx = sample_support(  # on the host, from host labels and the CPU generator
-            self.sampler, labels, len(self.buffer), self.support_size, self.queries_per_step, gen
-        )
-        q_idx, s_idx = q_idx.to(x.device, non_blocking=True), s_idx.to(x.device, non_blocking=True)
-        (qx, qy), (sx, sy) = self.buffer.get(q_idx), self.buffer.get(s_idx)
+        (qx, qy), (sx, sy) = draw_support(self.buffer, self.sampler, self.support_size, self.queries_per_step, gen)
         loss, pred = self.query_forward(qx, qy, sx, sy)
         if shared:  # the same supports, weights and query: the online prediction is this one
             self.log_online(pred.detach(), y)
@@ -165,25 +157,17 @@ class QueryOnlyAttention(ReplayLearner):
         adam = fused.fused_adam(self) if self._online_is_the_query(x[:1]) else None
         if adam is None:
             return None
-        sx, sy = self.memory_support()  # the supports of the first step; each later point joins them
-        window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
-        scorer = self.scorer
-        layers = [*scorer.hidden, scorer.out]
-        steps = native.attention_mse_steps if fused.uses_native(self, adam) else fused_steps.attention_mse_steps
-        preds = steps(scorer.first, layers, adam, window_x, window_y, self.support_size)
+        preds = fused.attention_steps(self, adam, self.scorer, self.memory_support(), x, y)
         self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
         return fused.finish_fused(self, adam, preds, y[:, None], 1)
 
     def _online_is_the_query(self, x: Tensor) -> bool:
-        """Whether the online prediction of ``x`` equals this step's training prediction: the sliding sampler on a
-        FIFO, one point, one query, the buffer answering before and ready after storing it (the query is then the
-        point, its supports the ``support_size`` stored before it: the online metric's support set)."""
+        """Whether the online prediction of ``x`` equals this step's training prediction: the buffer answers before
+        and is ready after storing the point, which is then the query, its supports the online metric's support set
+        (:func:`~cl_lightning.memory.support_sampler.query_is_incoming`: the ``support_size`` stored before it)."""
         return (
-            self.sampler == "sliding"
-            and self.buffer.mode == "fifo"
-            and self.queries_per_step == 1
-            and x.shape[0] == 1
+            query_is_incoming(self.sampler, self.buffer, self.queries_per_step, x.shape[0])
             and self.online_queries >= 1
             and self.online_ready()
             and min(len(self.buffer) + 1, self.buffer.capacity) >= self.ready_size
@@ -194,22 +178,13 @@ class QueryOnlyAttention(ReplayLearner):
         return self.query_forward(qx, qy, sx, sy)[0]
 
     def query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`query_loss` and the queries' predictions."""
-        if not self.compile:
-            return self._query_forward(qx, qy, sx, sy)
-        if self._compiled_loss is None:
-            self._compiled_loss = torch.compile(self._query_forward, mode=self.compile_mode)
-        return self._compiled_loss(qx, qy, sx, sy)
+        """:meth:`query_loss` and the queries' predictions (:class:`~cl_lightning.nn.compiled.LazyCompile`)."""
+        forward = self._query_forward if self._compiled_loss is None else self._compiled_loss
+        return forward(qx, qy, sx, sy)
 
     def _query_forward(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
         pred = self.attend(qx, sx, sy)
         return self.loss(pred, qy), pred
-
-    def __getstate__(self) -> dict:
-        """Pickle and deep-copy without the compiled function (rebuilt at the next step)."""
-        state = super().__getstate__()
-        state["_compiled_loss"] = None
-        return state
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
         """The optimiser factory's optimiser, Adam switched to its fused kernel (same update, ~10x faster here)."""

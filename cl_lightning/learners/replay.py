@@ -117,7 +117,7 @@ class ReplayLearner(ContinualLearner):
 
     def replay_step(self, loss: Tensor) -> None:
         """One optimiser step on ``loss``; called by every rank on the same chunks (see the module docstring)."""
-        if self._plain_optimizer is not None:  # inside learn_steps
+        if self._chunked is not None and self._chunked.optimizer is not None:  # inside learn_steps
             self.plain_step(loss)
             return
         optimizer = self.optimizers()

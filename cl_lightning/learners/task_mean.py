@@ -1,12 +1,20 @@
-"""The per-task mean every learner logs its online metric and loss with (``ContinualLearner.log_task_mean``)."""
+"""The per-task mean every learner logs its online metric and loss with (``ContinualLearner.log_task_mean``), and
+what a learner does with its task's means: make one on the first value of a name, add the terms a ``StreamSteps``
+batch held back (``ContinualLearner.learn_steps``) in one update per name, and reduce them over DDP ranks at the
+task's end."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 
-__all__ = ["TaskMean"]
+__all__ = ["TaskMean", "Terms", "add_terms", "reduce_task_means", "task_mean"]
+
+Terms = dict[str, tuple[list[Tensor], list[int]]]
+"""Task-mean terms held back by name: batch means (0-d per chunk, or 1-d for a fused run of steps) and the number of
+examples each stands for."""
 
 
 class TaskMean(Metric):
@@ -45,3 +53,40 @@ class TaskMean(Metric):
     def compute(self) -> Tensor:
         """The weighted mean (NaN when nothing was added on any rank)."""
         return self.total / self.weight
+
+
+def task_mean(means: dict[str, TaskMean], name: str, device: torch.device) -> TaskMean:
+    """``means[name]``, made on ``device`` when the task's first value of ``name`` arrives."""
+    metric = means.get(name)
+    if metric is None:
+        metric = means[name] = TaskMean().to(device)
+    return metric
+
+
+def add_terms(means: dict[str, TaskMean], terms: Terms, device: torch.device) -> None:
+    """Add held-back ``terms`` to the task means, one :meth:`TaskMean.update_many` per name."""
+    for name, (values, weights) in terms.items():  # values: 0-d per chunk, or 1-d for a fused run of chunks
+        values_t = torch.cat([v.reshape(-1) for v in values])
+        task_mean(means, name, device).update_many(values_t, torch.tensor(weights, dtype=torch.float64))
+
+
+def reduce_task_means(means: dict[str, TaskMean], device: torch.device) -> dict[str, Tensor]:
+    """The task means to log at the task's end, by name (float32), summed over DDP ranks; names no rank added to
+    are left out.
+
+    A rank may not have logged a name another rank did (nothing to predict yet): the names are gathered first, so every
+    rank reduces the same metrics in the same order and no collective waits for a rank that skips it.
+    """
+    names = sorted(means)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        gathered: list[list[str] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, names)
+        names = sorted(set().union(*(g or [] for g in gathered)))
+    reduced = {}
+    for name in names:
+        metric = means.get(name) or TaskMean().to(device)
+        with metric.sync_context():  # torchmetrics all-gathers the states and sums them (no-op on one process)
+            total, weight = metric.total.clone(), metric.weight.clone()
+        if weight > 0:
+            reduced[name] = (total / weight).float()
+    return reduced

@@ -53,10 +53,15 @@ class ReplayBuffer(nn.Module):
         self._seen, self._head = 0, 0  # host shadows of n_seen and head (reread on load)
         self._host_y: Tensor | None = None  # host copy of the class labels: keep_host_labels()
 
+    @property
+    def holds_labels(self) -> bool:
+        """Whether the targets are class labels (long scalars), not regression targets."""
+        return self.y.dtype == torch.long and self.y.dim() == 1
+
     def keep_host_labels(self) -> None:
         """Keep a CPU copy of the class labels, from which :meth:`labels` reads (a sampler drawing from the labels
         then needs no device-to-host copy per step). Call it on an empty buffer; class labels only."""
-        if self.y.dtype != torch.long or self.y.dim() != 1:
+        if not self.holds_labels:
             raise ValueError("keep_host_labels() needs class labels (a buffer of long scalars)")
         if self._seen:
             raise RuntimeError("keep_host_labels() must be called before the first add()")

@@ -1,7 +1,8 @@
 """Support-set samplers: which buffer examples are queries and which are supports for one training step.
 
 All return *logical* buffer indices ``(query_idx (Q,), support_idx (S,))`` with no index in both, so a query is
-never in its own support set.
+never in its own support set. :func:`draw_support` draws them for a :class:`~cl_lightning.memory.ReplayBuffer` and
+gathers the examples.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+from cl_lightning.memory.replay_buffer import ReplayBuffer
 
 SamplerName = Literal["window", "uniform", "sliding"]
 
@@ -88,6 +91,29 @@ def sample_support(
     if sampler == "sliding":
         return sliding_sample(size, support_size, num_queries)
     return uniform_sample(size, support_size, num_queries, generator)
+
+
+def query_is_incoming(sampler: SamplerName, buffer: ReplayBuffer, num_queries: int, chunk_size: int) -> bool:
+    """Whether the step after a chunk of ``chunk_size`` is stored in ``buffer`` takes the chunk's one example as its
+    query and the ``support_size`` examples stored just before it as its supports: :func:`sliding_sample` over a FIFO,
+    one example a chunk, one query a step."""
+    return sampler == "sliding" and buffer.mode == "fifo" and num_queries == 1 and chunk_size == 1
+
+
+def draw_support(
+    buffer: ReplayBuffer, sampler: SamplerName, support_size: int, num_queries: int, generator: torch.Generator
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """One training step's queries and supports from ``buffer``: ``((query_x, query_y), (support_x, support_y))``.
+
+    The indices are drawn on the host by :func:`sample_support` (the window sampler reads the class labels of one
+    window through :meth:`ReplayBuffer.labels`, from their host copy where the buffer keeps one), moved to the
+    buffer's device without waiting for it, and the examples gathered there.
+    """
+    labels = buffer.labels if buffer.holds_labels else None
+    q_idx, s_idx = sample_support(sampler, labels, len(buffer), support_size, num_queries, generator)
+    device = buffer.x.device
+    q_idx, s_idx = q_idx.to(device, non_blocking=True), s_idx.to(device, non_blocking=True)
+    return buffer.get(q_idx), buffer.get(s_idx)
 
 
 def pseudo_task_sample(
