@@ -59,7 +59,7 @@ from cl_lightning.checkpointing import (
     remove_temp_files,
     version_of,
 )
-from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet, run_summary
+from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet
 from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
@@ -74,6 +74,7 @@ from cl_lightning.lightning_compat import (
 )
 from cl_lightning.runfolder import Snapshot, hold, release_all
 from cl_lightning.stopping import GracefulStop, StopRequested, exit_code, stop_message
+from cl_lightning.summary import run_summary
 
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "

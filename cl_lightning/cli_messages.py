@@ -1,8 +1,9 @@
-"""What the command line tells the user: one-line errors, a run's closing summary, and no library noise.
+"""What the command line tells the user: one-line errors and no library noise.
 
 A config or command-line mistake names the option and what it accepts, instead of jsonargparse's nested union
 report or a traceback through the Trainer; deprecation notices of the libraries and Lightning's advertisements are
-silenced; the last lines of a run say what happened and where its logs and checkpoint are.
+silenced. The last lines of a run, what happened and where its logs and checkpoint are, come from
+:mod:`cl_lightning.summary`.
 """
 
 from __future__ import annotations
@@ -13,15 +14,12 @@ import logging
 import re
 import sys
 import warnings
-from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar
 
 from jsonargparse import ArgumentParser
-from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from cl_lightning.contract import EvalSlot, metric_key
 from cl_lightning.errors import UsageError, did_you_mean, key_lines
 
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
@@ -220,58 +218,6 @@ def describe(error: BaseException) -> str:
     where = origin(error)
     private = where is None or where.startswith("_")  # Lightning's internal helpers mean nothing to a user
     return f"{where}: {text}" if not private and not text.startswith(where) else text
-
-
-def run_summary(trainer: Trainer, seconds: float, recent: dict[str, tuple[float, int]] | None = None) -> str:
-    """Three lines: tasks done; the scores a report cites; where the logs and the checkpoint are, how to continue.
-
-    Args:
-        trainer: The trainer after ``fit``.
-        seconds: The run's wall time.
-        recent: ``{"forward" | "backward": (mean, count)}`` over the last evaluated tasks (the forgetting monitor's
-            ``recent_means``); without it the last task's scores are printed.
-    """
-    done, total = trainer.current_epoch, trainer.max_epochs
-    status = "stopped early" if trainer.interrupted else "finished"
-    minutes, secs = divmod(round(seconds), 60)
-    line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s.\n"
-    scores = _scores(trainer, recent or {})
-    ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
-        trainer.checkpoint_callback, "best_model_path", ""
-    )
-    where = []
-    if trainer.logger is not None and trainer.log_dir:
-        where.append(f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})")
-    where.append(f"checkpoint: {ckpt} (continue with --ckpt_path last)" if ckpt else "no checkpoint kept")
-    return line + (scores + "\n" if scores else "") + "; ".join(where) + ".\n"
-
-
-def _scores(trainer: Trainer, recent: dict[str, tuple[float, int]]) -> str:
-    """``Last 10 tasks (mean): forward acc 0.81, backward acc 0.80 (task t − 5); ACC 0.79 (R's last row).``"""
-    metric = getattr(trainer.lightning_module, "metric_name", None)  # "acc" or "mse"
-    lags = getattr(trainer.datamodule, "backward_lags", None)
-    lag = "" if not lags else f"task t − {lags[0]}" if len(lags) == 1 else f"tasks t − {min(lags)} … t − {max(lags)}"
-    logged = trainer.callback_metrics
-    parts, head = [], "Last task"
-    if recent:
-        n = recent.get("forward", next(iter(recent.values())))[1]
-        head = f"Last {n} task{'s' * (n > 1)} (mean)"
-    for role in ("forward", "backward"):
-        where = [lag] if role == "backward" and lag else []
-        if role in recent:
-            value, count = recent[role]
-            where += [f"{count} task{'s' * (count > 1)}"] if count != n else []
-        else:
-            value = logged.get(metric_key(EvalSlot(role), metric)) if metric else None
-            if value is None or value.numel() != 1:
-                continue
-        parts.append(f"{role} {metric} {float(value):.4g}" + (f" ({', '.join(where)})" if where else ""))
-    text = f"{head}: {', '.join(parts)}" if parts else ""
-    avg = logged.get("forgetting/avg")
-    if avg is not None and avg.numel() == 1:
-        name = "ACC" if metric == "acc" else f"average {metric}"
-        text += f"{'; ' if text else ''}{name} {float(avg):.4g} (probe tasks, R's last row)"
-    return text + "." if text else ""
 
 
 class _DropAdverts(logging.Filter):

@@ -139,7 +139,7 @@ def test_run_summary_cites_last_ten_task_means_and_acc() -> None:
     """The summary's scores line: means of the monitor's last evaluated tasks, the backward lag, ACC named ACC."""
     import torch
 
-    from cl_lightning.cli_messages import run_summary
+    from cl_lightning.summary import run_summary
 
     logged = {"eval/forward_acc": torch.tensor(0.5), "forgetting/avg": torch.tensor(0.75)}
     trainer = SimpleNamespace(
