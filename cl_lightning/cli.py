@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar, NoReturn
 
@@ -39,7 +38,6 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser
-from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import cl_lightning.callbacks
@@ -49,29 +47,15 @@ from cl_lightning import stopping
 from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
-from cl_lightning.checkpointing import (
-    AtomicCheckpointIO,
-    ConfigOptimizerValues,
-    DataRecord,
-    Resume,
-    check_resume,
-    find_resume,
-    remove_temp_files,
-    version_of,
-)
+from cl_lightning.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
 from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet
 from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
-from cl_lightning.lightning_compat import (
-    CompatCLI,
-    SIGTERMException,
-    checkpoint_logged_steps,
-    set_purge_step,
-    steps_run,
-)
+from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
+from cl_lightning.resuming import check_resumed, open_run
 from cl_lightning.runfolder import Snapshot, hold, release_all
 from cl_lightning.stopping import GracefulStop, StopRequested, exit_code, stop_message
 from cl_lightning.summary import run_summary
@@ -137,16 +121,11 @@ class CLI(CompatCLI):
         return super().instantiate_trainer(**kwargs)
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` (:func:`~cl_lightning.checkpointing.find_resume`) and lock the run it continues;
-        never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
-        compared after instantiation instead)."""
+        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.resuming.open_run`); never let
+        the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are compared
+        after instantiation instead)."""
         sub = self.config.get("subcommand")
-        self.resume = find_resume(self.config[sub], sub) if sub else None
-        if self.resume is not None and self.resume.run is not None and sub == "fit":
-            hold(self.resume.run)  # before anything is written into it
-            self.config[sub].trainer.logger.init_args.version = version_of(self.resume.run)
-            # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
-            warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
+        self.resume = open_run(self.config[sub], sub) if sub else None
 
     def before_instantiate_classes(self) -> None:
         """Set ``trainer.max_epochs`` to the stream's ``num_tasks`` unless the config sets it."""
@@ -173,20 +152,9 @@ class CLI(CompatCLI):
             self._dump_config()
             self.trainer.callbacks.append(DataRecord(self.config_dump.get("data") or {}))
         if self.resume is not None:
-            self._check_resume(self.resume)
-
-    def _check_resume(self, resume: Resume) -> None:
-        """Refuse a checkpoint of another learner or other hyperparameters; purge the resumed run's later steps."""
-        if resume.checkpoint is not None:
             data = (self.config_dump.get("data") or {}) if self.subcommand == "fit" else None
             accept = bool(self.config[self.subcommand].get("accept_changed_hparams"))
-            if check_resume(resume.checkpoint, resume.path, self.model, data, accept):  # accepted changes
-                self.trainer.callbacks.append(ConfigOptimizerValues())
-        logger = self.trainer.logger
-        if resume.run is not None and isinstance(logger, TensorBoardLogger):
-            # TensorBoard drops the steps a killed run logged after its checkpoint: one run, continuous curves.
-            step = checkpoint_logged_steps(resume.checkpoint) + 1 if resume.checkpoint is not None else 0
-            set_purge_step(logger, step)
+            check_resumed(self.resume, self.model, self.trainer, data, accept)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         """Add the task progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
