@@ -15,138 +15,21 @@ folder must then be on a file system every node sees). Without Ray they run one 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from cl_lightning import childproc
-from cl_lightning.childproc import die_with_parent as _die_with_parent
-from cl_lightning.childproc import passing_signals, received, wait_passing_signals
+from cl_lightning.childproc import passing_signals, received
 from cl_lightning.errors import OneLineParser, UsageError
-from cl_lightning.runfolder import RunInUse, hold, release
 from cl_lightning.suite import Suite, Trial, load_suite
-
-FINISHED = "finished"
-STOPPED = "stopped"
-TRIAL_LOCK = "trial.lock"
-STOP_REQUEST = "stop.request"  # written into a trial folder by a stopping sweep on Ray (request_stop)
-_STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SIGTERM / SIGINT
-
-
-def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
-    """(last task the events reached, number of tasks the run's config asks for); None where unknown."""
-    from cl_lightning.report import read_scalars
-
-    wanted = None
-    config = log_dir / "config.yaml"
-    if config.exists():
-        wanted = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("max_epochs")
-    epochs = read_scalars(log_dir, tags=("epoch",)).get("epoch", {})
-    return (int(max(epochs.values())) if epochs else None), wanted
-
-
-def trial_state(trial: Trial, root: str | Path) -> str:
-    """``finished``, ``resume`` (a checkpoint to continue from) or ``new``."""
-    log_dir = trial.log_dir(root)
-    record = log_dir / "trial.json"
-    if record.exists() and json.loads(record.read_text()).get("status") == FINISHED:
-        return FINISHED
-    return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
-
-
-def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """Run (or resume, or skip) one trial in a child process; record it in ``trial.json``; return the record.
-
-    The child's output goes to ``fit.log`` in the trial folder. Its peak resident memory (``ru_maxrss`` of the
-    child) and wall time are recorded per attempt, so the report can show them.
-
-    Args:
-        trial: The trial.
-        root: Log root (absolute when the trial may run in another working directory, as on Ray).
-        threads: ``OMP_NUM_THREADS`` of the child (None: the environment's).
-        cwd: Working directory of the child, where relative config paths resolve (None: this process's).
-    """
-    log_dir = trial.log_dir(root)
-    if trial_state(trial, root) == FINISHED:
-        return json.loads((log_dir / "trial.json").read_text()) | {"skipped": True}
-    try:
-        hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
-    except RunInUse as busy:
-        return {**asdict(trial), "status": "in use", "skipped": True, "reason": str(busy)}
-    try:
-        if (log_dir / STOP_REQUEST).exists():  # queued on Ray when the sweep was stopped
-            return {**asdict(trial), "status": STOPPED, "skipped": True, "reason": "the sweep was stopped"}
-        return _attempt(trial, root, threads, cwd)
-    finally:
-        (log_dir / STOP_REQUEST).unlink(missing_ok=True)
-        release(log_dir, TRIAL_LOCK)
-
-
-def request_stop(trial: Trial, root: str | Path) -> None:
-    """Ask the process running (or about to run) the trial to stop its fit, wherever it runs (a file in the trial
-    folder, which :func:`run_trial` polls: a signal to the sweep cannot reach a Ray worker's children)."""
-    log_dir = trial.log_dir(root)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    (log_dir / STOP_REQUEST).touch()
-
-
-def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> dict[str, Any]:
-    """Run the trial's fit once (or skip it, finished meanwhile) and record the attempt in ``trial.json``."""
-    log_dir = trial.log_dir(root)
-    record_path = log_dir / "trial.json"
-    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
-    state = trial_state(trial, root)
-    if state == FINISHED:
-        return record | {"skipped": True}
-    ckpt = log_dir / "checkpoints" / "last.ckpt" if state == "resume" else None
-    if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
-        for stale in log_dir.glob("events.out.tfevents.*"):
-            stale.unlink()
-    argv = [sys.executable, "-m", "cl_lightning", *trial.fit_args(root, ckpt)]
-    env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-    start = time.time()
-    with open(log_dir / "fit.log", "a") as out:
-        out.write(f"\n$ {' '.join(argv)}\n")
-        out.flush()
-        proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=_die_with_parent
-        )
-        status, usage = wait_passing_signals(proc, log_dir / STOP_REQUEST)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    attempt = {
-        "start": start,
-        "wall_seconds": time.time() - start,
-        "cpu_seconds": usage.ru_utime + usage.ru_stime,
-        "peak_rss_bytes": usage.ru_maxrss * 1024,  # kilobytes on Linux
-        "returncode": proc.returncode,
-        "resumed_from": str(ckpt) if ckpt else None,
-        "host": socket.gethostname(),
-        "command": argv,
-    }
-    last, wanted = _last_task(log_dir)
-    done = proc.returncode == 0 and last is not None and (wanted is None or last == wanted - 1)
-    record = {
-        **asdict(trial),
-        "status": FINISHED if done else STOPPED if proc.returncode in _STOP_CODES else "unfinished",
-        "last_task": last,
-        "num_tasks": wanted,
-        "attempts": [*record.get("attempts", []), attempt],
-    }
-    record_path.write_text(json.dumps(record, indent=1))
-    return record
+from cl_lightning.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -29,8 +29,9 @@ from cl_lightning.cli import main
 from cl_lightning.runfolder import LOCK_NAME, RunInUse, Snapshot, hold, release
 from cl_lightning.stopping import GracefulStop, resume_command
 from cl_lightning.suite import load_suite
-from cl_lightning.sweep import FINISHED, STOPPED, run_sequential
 from cl_lightning.sweep import main as sweep_main
+from cl_lightning.sweep import run_sequential
+from cl_lightning.trial_run import FINISHED, STOPPED
 
 TASKS = 10  # a tiny run of ~2 s
 KEEP = [*CHECKPOINTS, "--trainer.logger.default_hp_metric=false"]  # (TensorBoard's placeholder, once per start)

@@ -20,8 +20,9 @@ from cl_lightning import sweep
 from cl_lightning.cli import main as cli_main
 from cl_lightning.report import per_task, published_numbers, read_scalars
 from cl_lightning.suite import Trial, load_suite
-from cl_lightning.sweep import FINISHED, run_sequential, trial_state
 from cl_lightning.sweep import main as sweep_main
+from cl_lightning.sweep import run_sequential
+from cl_lightning.trial_run import FINISHED, trial_state
 
 SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
 
@@ -280,8 +281,8 @@ def test_a_trial_process_dies_with_its_sweep() -> None:
     # a parent starts a child as run_trial does, then is killed outright: the child must not keep running
     code = (
         "import subprocess, sys, time\n"
-        "from cl_lightning.sweep import _die_with_parent\n"
-        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=_die_with_parent)\n"
+        "from cl_lightning.childproc import die_with_parent\n"
+        "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=die_with_parent)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
