@@ -1,6 +1,6 @@
 """Time to write one checkpoint of a paper-size learner: the CLI's atomic writer against Lightning's own.
 
-The CLI writes every checkpoint through :class:`cl_lightning.checkpointing.AtomicCheckpointIO` (temporary file,
+The CLI writes every checkpoint through :class:`cl_lightning.run.checkpointing.AtomicCheckpointIO` (temporary file,
 fsync, rename). The configs checkpoint at every task's end, and a paper-size task lasts ~1-2.4 s on one GPU, so the
 write must stay a small fraction of that. The default learner is QOA V1 of ``qoa_pmnist.yaml`` (a 50,000-image
 buffer: ~11 MB of state plus Adam's moments).
@@ -20,8 +20,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from benchmarks.harness import Bench, clock, interleave, parser
-from cl_lightning.checkpointing import AtomicCheckpointIO
 from cl_lightning.learners import QueryOnlyAttention
+from cl_lightning.run.checkpointing import AtomicCheckpointIO
 
 
 def _write_ms(io: TorchCheckpointIO, checkpoint: dict, path: Path) -> float:

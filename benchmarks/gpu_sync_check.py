@@ -26,7 +26,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from benchmarks.harness import Bench, parser
 from benchmarks.paper_size import SMALL
 from benchmarks.sync_check import PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
-from cl_lightning.cli import main as cli_main
+from cl_lightning.run.cli import main as cli_main
 
 
 class CudaSyncWatch(Callback):

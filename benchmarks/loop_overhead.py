@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from benchmarks.harness import Bench, clock, interleave, parser
-from cl_lightning.cli import main as cli_main
-from cl_lightning.compose import CALLBACK_SLOTS
+from cl_lightning.run.cli import main as cli_main
+from cl_lightning.run.compose import CALLBACK_SLOTS
 
 
 def _cli(config: str, root: str, tasks: int, train_size: int | None, progress_bar: bool):

@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.harness import Bench, clock, interleave, parser
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main as cli_main
+from cl_lightning.run.cli import main as cli_main
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor)
 SMALL = [  # --small: every monitor's code path at a size a test can afford

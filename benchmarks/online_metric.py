@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from benchmarks.harness import Bench, clock, interleave, parser
-from cl_lightning import cli
 from cl_lightning.learners import QueryOnlyAttention
 from cl_lightning.nn.optim import prefer_fused
+from cl_lightning.run import cli
 
 K_MAX = 16
 

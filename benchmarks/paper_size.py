@@ -41,8 +41,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from benchmarks.harness import Bench, clock, matmul_gflops, parser, sync
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main as cli_main
 from cl_lightning.contract import EvalBatch
+from cl_lightning.run.cli import main as cli_main
 
 MONITORS = (ForgettingMonitor, PlasticityMonitor, HessianMonitor, CostMonitor)
 MONITOR_NAMES = tuple(m.__name__ for m in MONITORS)

@@ -64,7 +64,7 @@ _CHILD = """
 import json, sys, time
 import torch
 from lightning.pytorch import Callback
-from cl_lightning.cli import main
+from cl_lightning.run.cli import main
 
 torch.set_num_threads(1)
 

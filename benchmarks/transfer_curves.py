@@ -29,9 +29,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from benchmarks.harness import Bench, clock, parser
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main as cli_main
 from cl_lightning.contract import EvalSlot, metric_key
 from cl_lightning.data import PermutedMNIST
+from cl_lightning.run.cli import main as cli_main
 
 MONITORS = (CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor, ModelCheckpoint)
 FORWARD, BACKWARD = metric_key(EvalSlot("forward"), "acc"), metric_key(EvalSlot("backward"), "acc")

@@ -1,15 +1,16 @@
 """``python -m cl_lightning`` (and the ``cl-lightning`` script) runs the command line: ``fit``/``validate``/``test``
-(LightningCLI, :mod:`cl_lightning.cli`), ``sweep`` (a suite of experiments × seeds, :mod:`cl_lightning.sweep`) and
-``report`` (its figures and table, :mod:`cl_lightning.report`). Every command reports a mistake in one ``error:``
-line with exit code 2 (:mod:`cl_lightning.errors`). In a ``fit`` a SIGTERM / SIGINT has a defined outcome from
-before the CLI is imported until the process has exited (:mod:`cl_lightning.process_signals`)."""
+(LightningCLI, :mod:`cl_lightning.run.cli`), ``sweep`` (a suite of experiments × seeds,
+:mod:`cl_lightning.study.sweep`) and ``report`` (its figures and table, :mod:`cl_lightning.study.report`). Every
+command reports a mistake in one ``error:`` line with exit code 2 (:mod:`cl_lightning.errors`). In a ``fit`` a
+SIGTERM / SIGINT has a defined outcome from before the CLI is imported until the process has exited
+(:mod:`cl_lightning.run.process_signals`)."""
 
 from __future__ import annotations
 
 import sys
 
-from cl_lightning import process_signals
 from cl_lightning.errors import did_you_mean, fail
+from cl_lightning.run import process_signals
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 COMMANDS = (*LIGHTNING_COMMANDS, "sweep", "report")
@@ -21,12 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     command = args[0] if args else None
     if command == "sweep":
         from cl_lightning.errors import guarded
-        from cl_lightning.sweep import main as sweep
+        from cl_lightning.study.sweep import main as sweep
 
         sys.exit(guarded(sweep, args[1:]))
     elif command == "report":
         from cl_lightning.errors import guarded
-        from cl_lightning.report import main as report
+        from cl_lightning.study.report import main as report
 
         sys.exit(guarded(report, args[1:]))
     elif command is not None and not command.startswith("-") and command not in LIGHTNING_COMMANDS:
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if argv is None and command == "fit":  # the process's entry point: a signal has a defined outcome until exit
             process_signals.watch()
-        from cl_lightning.cli import main as cli
+        from cl_lightning.run.cli import main as cli
 
         cli(None if argv is None else args)
 

@@ -116,7 +116,7 @@ LEARNERS = {
 
 def fit(tmp_path: Path, learner: list[str], tasks: int = 3, extra: list[str] | None = None):
     """Build a tiny run through the real CLI (no subprocess) and fit it; returns the LightningCLI object."""
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(tiny_args(tmp_path, learner, tasks, extra), run=False)
     cli.trainer.fit(cli.model, cli.datamodule)
@@ -137,7 +137,7 @@ def assert_resume_equals_uninterrupted(tmp_path: Path, learner: list[str]) -> No
     straight = fit(tmp_path / "a", learner, extra=keep_all)
     after_task_1 = tmp_path / "ckpt" / "taskepoch=0.ckpt"
     assert after_task_1.exists(), sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     resumed = main(tiny_args(tmp_path / "b", learner), run=False)
     resumed.trainer.fit(resumed.model, resumed.datamodule, ckpt_path=str(after_task_1))

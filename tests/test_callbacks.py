@@ -129,7 +129,7 @@ def test_figures_are_drawn_within_the_time_budget_and_always_first_and_last() ->
 
 def test_resumed_run_restores_the_accuracy_matrix(tmp_path: Path, monitored) -> None:
     ckpt = Path(monitored.trainer.checkpoint_callback.dirpath) / "taskepoch=0.ckpt"
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     resumed = main(
         tiny_args(tmp_path, BACKPROP, extra=["--trainer.callbacks+=cl_lightning.callbacks.ForgettingMonitor"]),

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from helpers import CONFIGS, ROOT
 
-from cl_lightning.cli import main
 from cl_lightning.data import StreamDataModule
 from cl_lightning.learners import ContinualLearner
+from cl_lightning.run.cli import main
 
 EXPERIMENTS = sorted(p for p in CONFIGS.glob("*.yaml") if not p.name.startswith("quick"))
 
@@ -139,7 +139,7 @@ def test_run_summary_cites_last_ten_task_means_and_acc() -> None:
     """The summary's scores line: means of the monitor's last evaluated tasks, the backward lag, ACC named ACC."""
     import torch
 
-    from cl_lightning.summary import run_summary
+    from cl_lightning.run.summary import run_summary
 
     logged = {"eval/forward_acc": torch.tensor(0.5), "forgetting/avg": torch.tensor(0.75)}
     trainer = SimpleNamespace(

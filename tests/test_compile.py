@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cl_lightning.cli import main
 from cl_lightning.learners import QueryOnlyAttention
+from cl_lightning.run.cli import main
 from tests.helpers import tiny_args
 from tests.test_sync import QOA_WINDOW
 

@@ -21,8 +21,8 @@ from helpers import CONFIGS, ROOT
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 
 from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
-from cl_lightning.cli import main
-from cl_lightning.compose import CALLBACK_SLOTS, config_chain, expand_includes
+from cl_lightning.run.cli import main
+from cl_lightning.run.compose import CALLBACK_SLOTS, config_chain, expand_includes
 
 OLD = ROOT / "tests" / "fixtures" / "complete_configs"
 EXPERIMENTS = sorted(str(p.relative_to(OLD)) for p in OLD.rglob("*.yaml"))

@@ -12,11 +12,11 @@ from helpers import LEARNERS, tiny_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
-from cl_lightning.cli import main
 from cl_lightning.contract import StreamBatch
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 from cl_lightning.data.datamodule import ChunkDataset
 from cl_lightning.learners import Backprop
+from cl_lightning.run.cli import main
 
 
 def test_each_rank_takes_its_share_of_every_chunk() -> None:

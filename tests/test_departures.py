@@ -8,16 +8,19 @@ import pytest
 import yaml
 from helpers import CONFIGS, ROOT
 
-from cl_lightning.departures import (
+from cl_lightning.errors import UsageError
+from cl_lightning.run.resolve import resolved_config
+from cl_lightning.study.departures import (
     Departure,
+    config_args,
     departures,
     departures_text,
     flatten,
-    resolved_config,
+    resolved_configs,
     suite_departures,
 )
-from cl_lightning.report import main as report_main
-from cl_lightning.suite import load_suite
+from cl_lightning.study.report import main as report_main
+from cl_lightning.study.suite import load_suite
 
 
 def test_departures_skip_bookkeeping_and_list_each_value_once() -> None:
@@ -160,3 +163,12 @@ def test_the_paper_size_suites_run_the_warmup_and_depart_only_where_declared(
         if trial.name == "maml" and suite_name == "pmnist_paper":
             want["data.stream.num_tasks"] = (7505, 80)
         assert found == want, trial.name
+
+
+def test_the_report_resolves_paper_configs_in_a_child_process_as_fit_does() -> None:
+    """``report`` resolves paper configs in a child process (it imports no training code): the same values as
+    resolving them here, and a config that does not parse is one ``UsageError``."""
+    files = [str(CONFIGS / "bp_pmnist.yaml"), str(CONFIGS / "paper" / "pmnist_warmup.yaml")]
+    assert resolved_configs([config_args(files)]) == [resolved_config(files)]
+    with pytest.raises(UsageError, match="no_such_option"):
+        resolved_configs([[*config_args(files[:1]), "--model.init_args.no_such_option=1"]])

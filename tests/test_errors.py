@@ -19,7 +19,7 @@ import yaml
 from helpers import BACKPROP, QOA, ROOT, tiny_args
 
 from cl_lightning.__main__ import main as entry
-from cl_lightning.cli import main
+from cl_lightning.run.cli import main
 
 CHECKPOINT = ["--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"]
 HERE = Path(".")  # each case runs in its own empty folder: logs go to ./logs

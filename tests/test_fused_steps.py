@@ -31,7 +31,7 @@ TOL = {"rtol": 0, "atol": 0}
 
 def _fit(config: str, root: Path, fused: bool, extra: list[str] | None = None, ckpt: str | None = None) -> Any:
     """A 3-task fit of 300 points a task, 64 steps a batch; records what ``learn_steps`` hands to the task means."""
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args(config, root, 64, extra=extra), run=False)
     model, seen = cli.model, {"online": [], "loss": []}
@@ -134,7 +134,7 @@ def test_an_optimiser_the_fused_step_cannot_reproduce_falls_back_with_a_warning(
 
 
 def test_a_forward_hook_keeps_the_autograd_path(tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args("bp_scr", tmp_path, 64, tasks=1), run=False)
     calls, asked = [], []
@@ -148,7 +148,7 @@ def test_a_forward_hook_keeps_the_autograd_path(tmp_path: Path) -> None:
 
 
 def test_chunked_stepping_refuses_mixed_precision(tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args("bp_scr", tmp_path, 64, tasks=1, extra=["--trainer.precision=bf16-mixed"]), run=False)
     with pytest.raises(ValueError, match=r"precision.*steps_per_batch: 1"):

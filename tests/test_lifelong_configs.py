@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from helpers import CONFIGS
 
-from cl_lightning.cli import main
 from cl_lightning.learners import ParametricAttention
+from cl_lightning.run.cli import main
 
 BASE = CONFIGS / "lifelong" / "recall_delta_rule.yaml"
 OVERLAYS = sorted(p for p in (CONFIGS / "lifelong").glob("*.yaml") if p != BASE)

@@ -195,7 +195,7 @@ def test_native_cbp_steps_equal_the_torch_steps_to_rounding(case: str) -> None:
 
 
 def _fit(config: str, root: Path, kernel: str, extra: list[str] | None = None, ckpt: str | None = None):
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args(config, root, 64, extra=[f"--model.init_args.step_kernel={kernel}", *(extra or [])]), run=False)
     cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt)
@@ -242,7 +242,7 @@ def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(confi
 def test_what_the_native_kernels_do_not_implement_is_refused(
     config: str, extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     with pytest.raises(SystemExit) as exited:
         main(_args(config, tmp_path, 64, extra=["--model.init_args.step_kernel=native", *extra]), run=False)

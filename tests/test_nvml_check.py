@@ -46,7 +46,7 @@ def test_a_cpu_fit_asks_nvml_at_most_before_training(tmp_path: Path, monkeypatch
         return real()
 
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", counted)
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(tiny_args(tmp_path, BACKPROP), run=False)
     counter = _CountDuringTraining(calls)

@@ -231,7 +231,7 @@ def test_frozen_after_first_task_trains_keys_in_task_0_only(tmp_path: Path) -> N
     args = [*PARAMETRIC, "--model.encoder_training=frozen_after_first_task"]
     from helpers import tiny_args
 
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(tiny_args(tmp_path, args), run=False)
     init = cli.model.key_proj.weight.detach().clone()

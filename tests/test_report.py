@@ -10,7 +10,7 @@ import pytest
 import yaml
 from torch.utils.tensorboard import SummaryWriter
 
-from cl_lightning.report import (
+from cl_lightning.study.report import (
     chance_level,
     load_suite_runs,
     main,
@@ -21,8 +21,8 @@ from cl_lightning.report import (
     read_scalars,
     table_rows,
 )
-from cl_lightning.report_tables import write_table
-from cl_lightning.results import Experiment, final_window, last_value, minmax_per_seed, seed_band
+from cl_lightning.study.report_tables import write_table
+from cl_lightning.study.results import Experiment, final_window, last_value, minmax_per_seed, seed_band
 
 STEPS = 10  # training steps per task: task t ends at step 10 t + 9, where Lightning logs its epoch-end values
 
@@ -202,7 +202,7 @@ def test_report_writes_figures_and_table(tmp_path: Path) -> None:
         "## Backprop (`bp`)\n\nPaper config: unknown.\n\nDepartures: paper config unknown.\n"
         in (out / "departures.md").read_text()
     )
-    from cl_lightning.report_figures import matrix_figure
+    from cl_lightning.study.report_figures import matrix_figure
 
     bp = load_suite_runs(suite)[0][0]
     fig = matrix_figure(bp)
@@ -236,7 +236,7 @@ def test_every_curve_panel_reads_the_keys_the_contract_names(tmp_path: Path, met
     """A suite logged under the contract's names (as learners log) fills every panel: a figure reading a key of its
     own that drifted from :mod:`cl_lightning.contract` would draw an empty panel."""
     from cl_lightning.contract import EvalSlot, metric_key, online_key
-    from cl_lightning.report_figures import CURVES, curves_figure
+    from cl_lightning.study.report_figures import CURVES, curves_figure
 
     suite = tmp_path / "toy"
     keys = [metric_key(EvalSlot("forward"), metric), metric_key(EvalSlot("backward"), metric), online_key(metric)]
@@ -263,7 +263,7 @@ def _experiment(name: str, tasks: int, lag: int | list[int], value: float = 0.5)
 def test_forward_backward_figure_draws_the_papers_windows_chance_and_the_lag() -> None:
     """QOA V1 over 200 tasks: the paper's windows 0 and 1 (centres 49.5 and 149.5; window 0 of the backward curve is
     the range 0.31-0.34) beside our line, chance at 0.1, the lag in the title and the legend."""
-    from cl_lightning.report_figures import CURVES, curves_figure
+    from cl_lightning.study.report_figures import CURVES, curves_figure
 
     exp = _experiment("qoa_v1", 200, 5)
     meta = {"benchmark": "pmnist"}
@@ -292,7 +292,7 @@ def test_forward_backward_figure_draws_the_papers_windows_chance_and_the_lag() -
 
 
 def test_empty_panels_say_why() -> None:
-    from cl_lightning.report_figures import CURVES, curves_figure, lag_text, rank_figure
+    from cl_lightning.study.report_figures import CURVES, curves_figure, lag_text, rank_figure
 
     fig = curves_figure([_experiment("bp", 3, 5)], CURVES["forward_backward.png"])
     assert fig.axes[1].texts[0].get_text() == "no backward score yet: 3 evaluated tasks, and task t − 5 needs more"
@@ -312,7 +312,7 @@ def test_window_table_sets_our_window_means_beside_the_papers() -> None:
     """Seed 0 ran 200 tasks (forward 0.3 then 0.4 per window), seed 1 stopped at task 149 (forward 0.5): window 0
     averages both seeds (0.3 and 0.5: 0.4 ± 0.1 population std), window 1 only seed 0 (its mean alone), which the
     cell says."""
-    from cl_lightning.report import window_table
+    from cl_lightning.study.report import window_table
 
     exp = _experiment("qoa_v1", 200, 5)
     exp.curves["eval/forward_acc"][0] = np.repeat([0.3, 0.4], 100)

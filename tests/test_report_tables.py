@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from cl_lightning.report_tables import block_table, window_table
-from cl_lightning.results import Experiment, PaperWindows
+from cl_lightning.study.report_tables import block_table, window_table
+from cl_lightning.study.results import Experiment, PaperWindows
 
 FWD, BWD, RANK = "eval/forward_mse", "eval/backward_mse", "hessian/eff_rank"
 

@@ -18,8 +18,8 @@ import torch
 from helpers import BACKPROP, CBP, EWC, FULL_ATTENTION, KNN, MAML, PARAMETRIC, QOA, ROOT, tiny_args
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from cl_lightning.checkpointing import AtomicCheckpointIO, hparam_differences, read_checkpoint
-from cl_lightning.cli import main
+from cl_lightning.run.checkpointing import AtomicCheckpointIO, hparam_differences, read_checkpoint
+from cl_lightning.run.cli import main
 
 CHECKPOINTS = ["--trainer.callbacks=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"]
 SGD = ["--model=cl_lightning.learners.Backprop", "--model.hidden_sizes=[32, 32]", "--model.optimizer=torch.optim.SGD"]

@@ -6,11 +6,11 @@ import pytest
 import torch
 from helpers import CONFIGS
 
-from cl_lightning.compose import CALLBACK_SLOTS
 from cl_lightning.data import SlowlyChangingRegression
 from cl_lightning.data.slowly_changing_regression import ltu_target, ltu_thresholds
 from cl_lightning.learners import QueryOnlyAttention
 from cl_lightning.memory import sample_support, sliding_sample
+from cl_lightning.run.compose import CALLBACK_SLOTS
 
 # A hand-worked target net: m = 3 inputs, 2 LTUs, beta = 0.7, so beta (m + 1) = 2.8.
 #   unit 0: w = [ 1, -1,  1], b =  1: S = (3 - 1 + 1) / 2 = 1.5, tau = 2.8 - 1.5 =  1.3
@@ -164,7 +164,7 @@ def test_qoa_sliding_learns_on_the_current_point_against_the_previous_100() -> N
 
 
 def test_scr_fit_logs_forward_mse_of_the_paper_episode(tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(
         [
@@ -192,7 +192,7 @@ def test_scr_fit_logs_forward_mse_of_the_paper_episode(tmp_path: Path) -> None:
 @pytest.mark.parametrize("config", ["bp_scr", "qoa_scr"])
 @pytest.mark.parametrize("quick", [False, True], ids=["paper", "quick"])
 def test_scr_configs_instantiate(config: str, quick: bool, tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     args = ["--config", str(CONFIGS / f"{config}.yaml")] + (["--config", str(CONFIGS / "quick.yaml")] if quick else [])
     cli = main([*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
@@ -207,7 +207,7 @@ def test_scr_configs_instantiate(config: str, quick: bool, tmp_path: Path) -> No
 
 @pytest.mark.parametrize("config", ["bp_scr", "qoa_scr", "cbp_scr", "knn_scr", "full_attention_scr"])
 def test_quick_scr_overlay_keeps_the_one_point_per_step_protocol(config: str, tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     args = ["--config", str(CONFIGS / f"{config}.yaml"), "--config", str(CONFIGS / "quick_scr.yaml")]
     cli = main([*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)

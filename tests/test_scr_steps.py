@@ -12,10 +12,10 @@ import torch
 from helpers import CONFIGS
 from torch import Tensor
 
-from cl_lightning.compose import CALLBACK_SLOTS
 from cl_lightning.contract import StreamSteps
 from cl_lightning.data import SlowlyChangingRegression, StreamDataModule
 from cl_lightning.data.datamodule import ChunkDataset
+from cl_lightning.run.compose import CALLBACK_SLOTS
 
 STEPPED = ["bp_scr", "qoa_scr", "cbp_scr", "knn_scr", "full_attention_scr", "maml_replay_scr"]
 SLOW = pytest.mark.slow  # 20-60 s on a loaded 2-core machine
@@ -63,7 +63,7 @@ def _recorded_fit(config: str, root: Path, steps: int) -> tuple[Any, dict[str, l
     """Fit through the CLI, recording every online prediction and every task-mean term (training losses) the
     learner logs, in order (its own methods, called through). Chunk by chunk: the fused step, which logs once per
     batch, is compared with this path in ``tests/test_fused_steps.py``."""
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args(config, root, steps), run=False)
     model, seen = cli.model, {"online": [], "loss": []}
@@ -106,7 +106,7 @@ def test_steps_in_one_batch_equal_one_point_per_batch(config: str, tmp_path: Pat
 
 @pytest.mark.parametrize("config", _marked(STEPPED, set(STEPPED) - {"bp_scr", "qoa_scr"}))
 def test_a_resumed_stepped_run_equals_an_uninterrupted_one(config: str, tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     straight = main(_args(config, tmp_path / "a", 64, extra=_checkpoint_each_task(tmp_path)), run=False)
     straight.trainer.fit(straight.model, straight.datamodule)
@@ -122,7 +122,7 @@ def test_a_resumed_stepped_run_equals_an_uninterrupted_one(config: str, tmp_path
 
 @pytest.mark.parametrize("config", CHUNKED)
 def test_learners_without_chunked_steps_refuse_them(config: str, tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args(config, tmp_path, 64, tasks=1, extra=["--data.stream.init_args.chunk_size=1"]), run=False)
     assert not type(cli.model).learns_steps()
@@ -153,7 +153,7 @@ def test_steps_per_batch_is_checked() -> None:
 def test_qoa_online_prediction_reused_from_training_is_the_memory_prediction(tmp_path: Path) -> None:
     """Sliding sampler, one point: the training prediction logged as the online one equals predicting the point
     from the ``support_size`` stored before it with the same weights (what ``log_online_from_memory`` computes)."""
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(_args("qoa_scr", tmp_path, 1, tasks=1), run=False)
     model, online_fn, checked = cli.model, cli.model.log_online, []

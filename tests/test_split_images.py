@@ -13,11 +13,11 @@ import torch
 from helpers import CONFIGS
 from PIL import Image
 
-from cl_lightning.compose import CALLBACK_SLOTS
 from cl_lightning.data import SplitMNIST, SplitTinyImageNet
 from cl_lightning.data import split_images as split_module
 from cl_lightning.data.mnist import load_mnist
 from cl_lightning.data.split_images import find_tiny_imagenet
+from cl_lightning.run.compose import CALLBACK_SLOTS
 
 # Five classes listed out of sorted order in wnids.txt; a class's images are a flat colour plus noise, so an image's
 # class can be read back from its mean colour (the class holding a greyscale JPEG is grey itself).
@@ -193,7 +193,7 @@ def test_too_large_a_task_names_the_argument(tiny_root: Path) -> None:
     ],
 )
 def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, config: str) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     small = {
         "bp_split_tiny_imagenet": ["--model.init_args.hidden_sizes=[16, 16]"],
@@ -270,7 +270,7 @@ def test_split_mnist_pairs_digits_and_holds_out_test_images() -> None:
 
 
 def test_backprop_learns_split_mnist_above_chance(tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     cli = main(
         [
@@ -295,7 +295,7 @@ def test_backprop_learns_split_mnist_above_chance(tmp_path: Path) -> None:
 )
 @pytest.mark.parametrize("quick", [False, True], ids=["paper", "quick"])
 def test_split_configs_instantiate(config: str, quick: bool, tmp_path: Path) -> None:
-    from cl_lightning.cli import main
+    from cl_lightning.run.cli import main
 
     args = ["--config", str(CONFIGS / f"{config}.yaml")] + (["--config", str(CONFIGS / "quick.yaml")] if quick else [])
     cli = main([*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)

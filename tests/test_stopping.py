@@ -23,15 +23,15 @@ from helpers import BACKPROP, ROOT, tiny_args
 from test_resume import CHECKPOINTS, _run, _scalars
 from test_sweep import _curve_n, _suite
 
-from cl_lightning import process_signals
-from cl_lightning.checkpointing import CheckpointError, read_checkpoint
-from cl_lightning.cli import main
-from cl_lightning.runfolder import LOCK_NAME, RunInUse, Snapshot, hold, release
-from cl_lightning.stopping import GracefulStop, resume_command
-from cl_lightning.suite import load_suite
-from cl_lightning.sweep import main as sweep_main
-from cl_lightning.sweep import run_sequential
-from cl_lightning.trial_run import FINISHED, STOPPED
+from cl_lightning.run import process_signals
+from cl_lightning.run.checkpointing import CheckpointError, read_checkpoint
+from cl_lightning.run.cli import main
+from cl_lightning.run.runfolder import LOCK_NAME, RunInUse, Snapshot, hold, release
+from cl_lightning.run.stopping import GracefulStop, resume_command
+from cl_lightning.study.suite import load_suite
+from cl_lightning.study.sweep import main as sweep_main
+from cl_lightning.study.sweep import run_sequential
+from cl_lightning.study.trial_run import FINISHED, STOPPED
 
 TASKS = 10  # a tiny run of ~2 s
 KEEP = [*CHECKPOINTS, "--trainer.logger.default_hp_metric=false"]  # (TensorBoard's placeholder, once per start)
@@ -68,7 +68,7 @@ def test_a_held_run_refuses_a_second_holder_and_is_free_after_release(tmp_path: 
     """Two holders in one process use two open files, as two processes do: the second is refused."""
     hold(tmp_path)
     try:
-        code = "from cl_lightning.runfolder import hold; import sys; hold(__import__('pathlib').Path(sys.argv[1]))"
+        code = "from cl_lightning.run.runfolder import hold; import sys; hold(__import__('pathlib').Path(sys.argv[1]))"
         other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=ENV, capture_output=True, text=True)
         assert other.returncode == 1
         assert f"is being written by another process (pid {os.getpid()})" in other.stderr

@@ -16,13 +16,13 @@ import torch
 import yaml
 from helpers import CONFIGS, ROOT
 
-from cl_lightning import sweep
-from cl_lightning.cli import main as cli_main
-from cl_lightning.report import per_task, published_numbers, read_scalars
-from cl_lightning.suite import Trial, load_suite
-from cl_lightning.sweep import main as sweep_main
-from cl_lightning.sweep import run_sequential
-from cl_lightning.trial_run import FINISHED, trial_state
+from cl_lightning.run.cli import main as cli_main
+from cl_lightning.study import sweep
+from cl_lightning.study.report import per_task, published_numbers, read_scalars
+from cl_lightning.study.suite import Trial, load_suite
+from cl_lightning.study.sweep import main as sweep_main
+from cl_lightning.study.sweep import run_sequential
+from cl_lightning.study.trial_run import FINISHED, trial_state
 
 SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
 
@@ -189,7 +189,7 @@ def test_two_seeds_differ_and_one_seed_twice_gives_the_same_run(tmp_path: Path) 
 @pytest.mark.slow
 def test_two_trials_through_ray_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("ray")
-    from cl_lightning.sweep import run_on_ray
+    from cl_lightning.study.sweep import run_on_ray
 
     suite = load_suite(_suite(tmp_path, [0], experiments=("a", "b")))
     records = run_on_ray(suite.trials, str(tmp_path / "logs"), address=None, cpus=1, gpus=0)
@@ -281,7 +281,7 @@ def test_a_trial_process_dies_with_its_sweep() -> None:
     # a parent starts a child as run_trial does, then is killed outright: the child must not keep running
     code = (
         "import subprocess, sys, time\n"
-        "from cl_lightning.childproc import die_with_parent\n"
+        "from cl_lightning.study.childproc import die_with_parent\n"
         "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], preexec_fn=die_with_parent)\n"
         "print(p.pid, flush=True)\n"
         "time.sleep(60)\n"

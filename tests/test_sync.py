@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.sync_check import MAX_PER_TASK, PER_STEP_ON_CPU_ONLY, PER_TASK, SyncWatch
-from cl_lightning.cli import main
+from cl_lightning.run.cli import main
 from tests.helpers import BACKPROP, CBP, FULL_ATTENTION, KNN, MAML, PARAMETRIC, tiny_args
 
 QOA_WINDOW = [  # the paper's sampler and start rule at tiny sizes

@@ -14,7 +14,7 @@ from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.contract import EvalSlot
 from cl_lightning.data import PermutedMNIST, SlowlyChangingRegression, SyntheticClasses
 from cl_lightning.data.datamodule import ChunkDataset, StreamDataModule
-from cl_lightning.report import per_task, read_scalars
+from cl_lightning.study.report import per_task, read_scalars
 
 
 def test_a_scr_warmup_task_trains_on_all_10000_points_in_arrival_order() -> None:

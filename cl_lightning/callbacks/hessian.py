@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from cl_lightning.callbacks.probing import due_task, evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import ObservedLearner
 from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
@@ -40,7 +41,6 @@ from cl_lightning.metrics import (
     slq_spectral_density,
     summed_hvp,
 )
-from cl_lightning.probing import due_task, evaluation_mode, probe_episode, require_contract
 
 
 class _Episode(nn.Module):

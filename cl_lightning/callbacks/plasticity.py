@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torch._C._functorch import get_unwrapped, is_functorch_wrapped_tensor
 
+from cl_lightning.callbacks.probing import due_task, evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import ObservedLearner
 from cl_lightning.heap import release_free_heap
 from cl_lightning.metrics import (
@@ -26,7 +27,6 @@ from cl_lightning.metrics import (
     srank,
     weight_magnitude,
 )
-from cl_lightning.probing import due_task, evaluation_mode, probe_episode, require_contract
 
 
 def _plain(t: Tensor) -> Tensor:

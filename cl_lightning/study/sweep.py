@@ -1,11 +1,12 @@
-"""Run a suite: ``python -m cl_lightning sweep configs/suites/X.yaml`` (the file format: :mod:`cl_lightning.suite`).
+"""Run a suite: ``python -m cl_lightning sweep configs/suites/X.yaml`` (the file format:
+:mod:`cl_lightning.study.suite`).
 
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
 into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
 reached the last task; ``trial.json`` then says so, and a re-run skips it. An unfinished or ``stopped`` trial (its
 fit got SIGTERM / SIGINT, which a signal to the sweep passes on; on Ray through a ``stop.request`` file in the trial
 folder) resumes from ``checkpoints/last.ckpt``. Two sweeps
-never run one trial at once (``trial.lock``, :mod:`cl_lightning.runfolder`).
+never run one trial at once (``trial.lock``, :mod:`cl_lightning.run.runfolder`).
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
 ``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
@@ -25,11 +26,11 @@ from typing import Any
 
 import yaml
 
-from cl_lightning import childproc
-from cl_lightning.childproc import passing_signals, received
 from cl_lightning.errors import OneLineParser, UsageError
-from cl_lightning.suite import Suite, Trial, load_suite
-from cl_lightning.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
+from cl_lightning.study import childproc
+from cl_lightning.study.childproc import passing_signals, received
+from cl_lightning.study.suite import Suite, Trial, load_suite
+from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -61,7 +62,7 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
     import ray  # optional dependency
 
     catching = childproc.catching()
-    package_root = str(Path(__file__).resolve().parent.parent)  # so workers import this package, installed or not
+    package_root = str(Path(__file__).resolve().parents[2])  # so workers import this package, installed or not
     path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     ray.init(
         address=address,

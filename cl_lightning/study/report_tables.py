@@ -3,7 +3,7 @@
 The main table (one row per experiment, final-window scores beside the paper's), then the paper's early windows
 beside ours (:func:`window_table`) and, for long runs the paper gives no windows for, the scores per block of
 evaluated tasks (:func:`block_table`). Each cell is a mean ± population std over seeds of each seed's mean
-(:mod:`cl_lightning.results`).
+(:mod:`cl_lightning.study.results`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cl_lightning.contract import EvalSlot, metric_key
-from cl_lightning.results import Experiment, PaperWindows, block_stats, spread_of
+from cl_lightning.study.results import Experiment, PaperWindows, block_stats, spread_of
 
 HESSIAN_RANK = "hessian/eff_rank"
 """The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
@@ -116,7 +116,7 @@ def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindow
     note = (
         f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean ± std (population) over "
         "seeds of each seed's window mean (seeds whose run reached the window's end; the mean alone for one seed); "
-        "the paper's is read off its figure (about ± 3 points; `cl_lightning/published.yaml`, `windows`).\n"
+        "the paper's is read off its figure (about ± 3 points; `cl_lightning/study/published.yaml`, `windows`).\n"
     )
     return "\n".join(_markdown(reached, columns)) + "\n" + note
 

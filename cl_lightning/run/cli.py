@@ -9,11 +9,11 @@ What the CLI adds to every run, so a run can be trusted:
 - **errors**: a mistake in the config or on the command line is one line (``error: …``), exit code 2, no
   traceback (``--debug`` or ``CL_LIGHTNING_DEBUG=1`` shows it), and nothing is written under ``logs/``: the
   config, the checkpoint and the data are checked before the Trainer creates the run folder, and an attempt that
-  fails before its first step is undone (:class:`~cl_lightning.runfolder.Snapshot`);
-- **stopping**: SIGTERM or SIGINT stops the run between two steps (:mod:`cl_lightning.stopping`): no partial
+  fails before its first step is undone (:class:`~cl_lightning.run.runfolder.Snapshot`);
+- **stopping**: SIGTERM or SIGINT stops the run between two steps (:mod:`cl_lightning.run.stopping`): no partial
   checkpoint, one line saying where it stopped and how to resume, exit code 143 / 130 (``validate`` / ``test``:
   at the next batch, the same codes); a run whose last task was complete when the signal came exits 0;
-- **one writer**: a run folder is locked while a ``fit`` writes it (:mod:`cl_lightning.runfolder`); a second
+- **one writer**: a run folder is locked while a ``fit`` writes it (:mod:`cl_lightning.run.runfolder`); a second
   ``fit`` or resume of the same run is refused in one line;
 - **divergence**: :class:`~cl_lightning.callbacks.divergence.DivergenceStop` stops a run whose loss or weights
   turn NaN/inf (exit code 1), before that task's evaluation and checkpoint;
@@ -21,7 +21,7 @@ What the CLI adds to every run, so a run can be trusted:
   the steps after the checkpoint); ``--ckpt_path last`` finds the newest run of the config; a checkpoint built
   with another learner or other hyperparameters is refused, listing the differences
   (``--accept_changed_hparams true`` resumes anyway, with the config's values);
-- **crash safety**: checkpoints are written by :class:`~cl_lightning.checkpointing.AtomicCheckpointIO`
+- **crash safety**: checkpoints are written by :class:`~cl_lightning.run.checkpointing.AtomicCheckpointIO`
   (temporary file, fsync, rename), so ``kill -9`` at any moment leaves a checkpoint to resume from;
 - **quiet output**: no deprecation warnings or advertisements; a summary of the run is the last thing printed.
 """
@@ -43,22 +43,22 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 import cl_lightning.callbacks
 import cl_lightning.data
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
-from cl_lightning import stopping
 from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
-from cl_lightning.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
-from cl_lightning.cli_messages import ConciseArgumentParser, describe, quiet
-from cl_lightning.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
-from cl_lightning.resuming import check_resumed, open_run
-from cl_lightning.runfolder import Snapshot, hold, release_all
-from cl_lightning.stopping import GracefulStop, StopRequested, exit_code, stop_message
-from cl_lightning.summary import run_summary
+from cl_lightning.run import stopping
+from cl_lightning.run.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
+from cl_lightning.run.cli_messages import ConciseArgumentParser, describe, quiet
+from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
+from cl_lightning.run.resuming import check_resumed, open_run
+from cl_lightning.run.runfolder import Snapshot, hold, release_all
+from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code, stop_message
+from cl_lightning.run.summary import run_summary
 
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
@@ -92,7 +92,7 @@ class CLI(CompatCLI):
         self.add_composition_arguments(parser)
 
     def add_composition_arguments(self, parser: LightningArgumentParser) -> None:
-        """Config composition (:mod:`cl_lightning.compose`) and the Trainer settings the code requires.
+        """Config composition (:mod:`cl_lightning.run.compose`) and the Trainer settings the code requires.
 
         ``include`` (read before parsing; hidden, never dumped), the named callback slots ``callbacks.<name>`` and
         ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
@@ -121,9 +121,9 @@ class CLI(CompatCLI):
         return super().instantiate_trainer(**kwargs)
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.resuming.open_run`); never let
-        the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are compared
-        after instantiation instead)."""
+        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.resuming.open_run`);
+        never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
+        compared after instantiation instead)."""
         sub = self.config.get("subcommand")
         self.resume = open_run(self.config[sub], sub) if sub else None
 

@@ -2,7 +2,7 @@
 
 An experiment's paper config is the suite file's ``paper_config`` (by default the experiment's first config;
 ``sweep`` records it in ``<suite>/suite.yaml``). It is resolved as ``fit`` resolves it
-(:func:`resolved_config`: includes, defaults, ``max_epochs``) and compared value by value with each
+(:func:`resolved_configs`: includes, defaults, ``max_epochs``) and compared value by value with each
 trial's saved ``config.yaml``, so what is listed is what the runs did differently, not what a file says. Per-trial
 bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
 """
@@ -10,7 +10,9 @@ bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
 from __future__ import annotations
 
 import json
-import warnings
+import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,10 @@ from typing import Any
 
 import yaml
 
-from cl_lightning.suite import load_suite
+from cl_lightning.errors import UsageError
+from cl_lightning.study.suite import load_suite
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # so the child imports this package, installed or not
 
 IGNORED = frozenset(
     {
@@ -100,58 +105,53 @@ def paper_configs(meta: dict[str, Any]) -> dict[str, list[str]]:
     return {}
 
 
-def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
-    """The config that ``fit --config C1 --config C2 … ARGS`` resolves to (includes expanded, defaults filled,
-    ``max_epochs`` from the stream), as plain values: what that run's saved ``config.yaml`` holds, less the ``fit``
-    arguments (``ckpt_path``, ``weights_only``). Nothing is built, seeded or written.
+def resolved_configs(argvs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
+    """The configs that ``fit ARGV`` resolves to for each ``ARGV`` of ``argvs`` (``--config`` files, then options), as
+    plain values (:func:`cl_lightning.run.resolve.resolved_config`), resolved in one child process: the report reads
+    files and imports neither the training command line nor the learners.
 
     Raises:
-        SystemExit: The configs do not parse (the one-line ``error:`` of the command line).
+        UsageError: A config does not parse (the command line's one-line ``error:``).
     """
-    # the CLI pulls in Lightning and every learner: imported only when a report is written
-    from cl_lightning.cli import CLI, ConciseArgumentParser, ContinualLearner, StreamDataModule
+    if not argvs:
+        return []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-m", "cl_lightning.run.resolve", "-"],
+        input=json.dumps([list(a) for a in argvs]),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise UsageError(lines[-1].removeprefix("error: ") if lines else "the paper configs could not be resolved")
+    return json.loads(done.stdout)
 
-    class ConfigOnly(CLI):
-        """The CLI up to its resolved config: nothing is seeded or built."""
 
-        def seed(self) -> None:
-            """Nothing: a resolved config needs no seed."""
-
-        def instantiate_classes(self) -> None:
-            """Nothing: only the parsed config is wanted."""
-
-    argv = [a for c in configs for a in ("--config", str(c))] + list(args)
-    with warnings.catch_warnings():
-        # called from another command (`report`), whose own arguments are in sys.argv; the deprecations are
-        # jsonargparse's, raised by Lightning's own calls (and `skip_none`, kept to dump as Lightning's run does)
-        for message in ("not recommended to provide both args", "add_instantiator", "skip_none parameter"):
-            warnings.filterwarnings("ignore", message=f".*{message}.*")
-        cli = ConfigOnly(
-            ContinualLearner,
-            StreamDataModule,
-            subclass_mode_model=True,
-            auto_configure_optimizers=False,
-            parser_class=ConciseArgumentParser,
-            args=argv,
-            run=False,
-        )
-        return yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
+def config_args(files: Sequence[str]) -> list[str]:
+    """``--config F`` for each of ``files``."""
+    return [a for f in files for a in ("--config", str(f))]
 
 
 def suite_departures(
     suite_dir: Path, experiments: Sequence[str], meta: dict[str, Any]
 ) -> dict[str, str | list[Departure]]:
     """Per experiment its departures, or why there are none to list (paper config unknown or missing)."""
-    papers, out = paper_configs(meta), {}
+    papers, out, known = paper_configs(meta), {}, {}
     for name in experiments:
         files = papers.get(name)
         missing = [f for f in files or [] if not Path(f).is_file()]
         if not files or missing:
             out[name] = f"paper config {'unknown' if not files else 'not found: ' + ', '.join(missing)}"
-            continue
+        else:
+            known[name] = files
+    resolved = dict(zip(known, resolved_configs([config_args(f) for f in known.values()]), strict=True))
+    for name in known:
         trials = [yaml.safe_load(p.read_text()) for p in sorted((suite_dir / name).glob("seed_*/config.yaml"))]
-        out[name] = departures(resolved_config(files), trials)
-    return out
+        out[name] = departures(resolved[name], trials)
+    return {name: out[name] for name in experiments}
 
 
 def departures_text(found: str | list[Departure]) -> str:

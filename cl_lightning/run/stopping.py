@@ -6,7 +6,7 @@ batch raises :class:`StopRequested`: the step under way finishes, a checkpoint b
 atomic anyway), and no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how
 to resume it, and exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it
 did not finish. A signal after the run's last task was evaluated and saved stops nothing: the run finished, and exits
-0 with one line saying so (:mod:`cl_lightning.process_signals`, which also covers the process's start and exit).
+0 with one line saying so (:mod:`cl_lightning.run.process_signals`, which also covers the process's start and exit).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 
-from cl_lightning import process_signals
-from cl_lightning.checkpointing import CheckpointError, read_checkpoint
 from cl_lightning.lightning_compat import SIGTERMException, tasks_closed
+from cl_lightning.run import process_signals
+from cl_lightning.run.checkpointing import CheckpointError, read_checkpoint
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -55,7 +55,7 @@ class GracefulStop(Callback):
 
     def install(self) -> None:
         """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`, taking over a signal the process
-        received while it started (:func:`cl_lightning.process_signals.take`)."""
+        received while it started (:func:`cl_lightning.run.process_signals.take`)."""
         for signum in SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         early = process_signals.take()
@@ -70,7 +70,7 @@ class GracefulStop(Callback):
 
     def finished(self) -> None:
         """The run ran to its end (call after :meth:`restore`): a signal received after its last step, or from now on
-        until the process exits, changes nothing but one line (:func:`cl_lightning.process_signals.finished`)."""
+        until the process exits, changes nothing but one line (:func:`cl_lightning.run.process_signals.finished`)."""
         process_signals.finished(self.signum)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:

@@ -1,6 +1,6 @@
 """The processes a sweep starts: they die with it, and a SIGTERM / SIGINT to the sweep reaches them.
 
-A trial's ``fit`` runs in a child process (:mod:`cl_lightning.sweep`). :func:`die_with_parent` (Linux) makes the
+A trial's ``fit`` runs in a child process (:mod:`cl_lightning.study.sweep`). :func:`die_with_parent` (Linux) makes the
 child receive SIGTERM when the process that started it dies, so a killed sweep leaves no orphaned fit writing into
 a trial folder. Inside :func:`passing_signals`, a SIGTERM or SIGINT to the sweep is recorded (:func:`received`)
 and passed to the child :func:`wait_passing_signals` is waiting for; the fit then stops between two steps. Where

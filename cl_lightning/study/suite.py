@@ -4,7 +4,7 @@ A suite file names experiments (each a list of ``--config`` files: a complete co
 extra command-line arguments) and the seeds to run them with::
 
     seeds: [0, 1, 2]
-    benchmark: pmnist            # key into cl_lightning/published.yaml (the paper's numbers)
+    benchmark: pmnist            # key into cl_lightning/study/published.yaml (the paper's numbers)
     args: [--trainer.enable_progress_bar=false]   # for every trial
     experiments:
       bp:

@@ -3,7 +3,7 @@
 A config or command-line mistake names the option and what it accepts, instead of jsonargparse's nested union
 report or a traceback through the Trainer; deprecation notices of the libraries and Lightning's advertisements are
 silenced. The last lines of a run, what happened and where its logs and checkpoint are, come from
-:mod:`cl_lightning.summary`.
+:mod:`cl_lightning.run.summary`.
 """
 
 from __future__ import annotations
@@ -245,7 +245,7 @@ def quiet() -> None:
         ".*Total length of `DataLoader` across ranks is zero.*",
     ):
         warnings.filterwarnings("ignore", message=message)
-    # the CLI says itself that a run was stopped, and how to resume it (cl_lightning.stopping)
+    # the CLI says itself that a run was stopped, and how to resume it (cl_lightning.run.stopping)
     logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector").setLevel(logging.WARNING)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         log = logging.getLogger(name)

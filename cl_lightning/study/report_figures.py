@@ -16,9 +16,9 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from cl_lightning.callbacks.forgetting import accuracy_matrix_figure
 from cl_lightning.contract import EvalSlot, metric_key, online_key, parse_metric_key
-from cl_lightning.results import Experiment, PaperWindows, minmax_per_seed, seed_band
+from cl_lightning.metrics.figures import accuracy_matrix_figure
+from cl_lightning.study.results import Experiment, PaperWindows, minmax_per_seed, seed_band
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
 Panel = tuple[Callable[[str], str], str]

@@ -1,14 +1,14 @@
 """SIGTERM / SIGINT outside a ``fit``'s steps: while ``python -m cl_lightning fit`` starts, and after the run finished.
 
-:class:`~cl_lightning.stopping.GracefulStop` handles the signals from the moment the CLI's ``main`` installs it until
-that ``main`` returns. Around it the process would die by the signal: before, and once ``main`` has put back the
+:class:`~cl_lightning.run.stopping.GracefulStop` handles the signals from the moment the CLI's ``main`` installs it
+until that ``main`` returns. Around it the process would die by the signal: before, and once ``main`` has put back the
 handlers it replaced, Python's defaults apply (SIGINT: a ``KeyboardInterrupt`` traceback; SIGTERM: death), and while
 the interpreter shuts down Python itself resets every handler it set to the default, so even a handler left
 installed cannot save a process that receives a signal during its exit. The entry point (:mod:`cl_lightning.__main__`)
 therefore calls :func:`watch` before it imports the CLI (seconds of torch and Lightning), and from then until the
 process is gone a signal has a defined outcome:
 
-- **starting** (imports): the signal is recorded; :class:`~cl_lightning.stopping.GracefulStop` takes it over
+- **starting** (imports): the signal is recorded; :class:`~cl_lightning.run.stopping.GracefulStop` takes it over
   (:func:`take`) and the run stops before its first step, as for a signal during config parsing: exit 128 + signal;
 - **finished** (``main`` returned from a ``fit`` that ran to its end: :func:`finished`): the run's files are
   complete, so nothing was lost and the exit code stays 0, which is what the run is (a sweep records the trial

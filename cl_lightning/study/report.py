@@ -17,13 +17,13 @@ tasks).
 - ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
   backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
   forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/published.yaml``), and each experiment's departures from its paper config. Under it in
-  ``table.md`` (:mod:`cl_lightning.report_tables`): for the windows where the paper's early curve was read
+  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it in
+  ``table.md`` (:mod:`cl_lightning.study.report_tables`): for the windows where the paper's early curve was read
   (Figure 1), each window's mean ± std over seeds beside the paper's; for the other experiments with at least two
   complete blocks of ``--block`` evaluated tasks (default 100; 0: none), forward, backward and the Hessian rank per
   block, mean ± std over seeds of each seed's block mean;
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
-  (:mod:`cl_lightning.departures`).
+  (:mod:`cl_lightning.study.departures`).
 
 The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
 backward lag, and say why a panel is empty.
@@ -43,8 +43,8 @@ import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
-from cl_lightning.report_tables import block_table, window_table, write_table
-from cl_lightning.results import Experiment, PaperWindows, final_window, last_value, spread_of
+from cl_lightning.study.report_tables import block_table, window_table, write_table
+from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
 SCALARS = ("forward", "backward", "online")
 
@@ -133,8 +133,8 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
 
 
 def published_numbers() -> dict[str, Any]:
-    """The paper's numbers (``cl_lightning/published.yaml``)."""
-    return yaml.safe_load(resources.files("cl_lightning").joinpath("published.yaml").read_text())
+    """The paper's numbers (``cl_lightning/study/published.yaml``)."""
+    return yaml.safe_load(resources.files("cl_lightning.study").joinpath("published.yaml").read_text())
 
 
 def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
@@ -220,7 +220,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
 
 def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
     """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
-    from cl_lightning.departures import departures_text, suite_departures, write_departures
+    from cl_lightning.study.departures import departures_text, suite_departures, write_departures
 
     found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
     for row in rows:
@@ -233,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning report``."""
     # matplotlib and Lightning (R is drawn by callbacks.forgetting) only when drawing: the sweep imports this module
     # to read trial states, and without them the import takes about 1.6 s instead of 4 s
-    from cl_lightning.report_figures import write_figures
+    from cl_lightning.study.report_figures import write_figures
 
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")

@@ -1,10 +1,10 @@
 """What ``--ckpt_path`` does to a run: a resume continues the *same* run, in its folder.
 
-:mod:`cl_lightning.checkpointing` finds the run and checkpoint to continue
-(:func:`~cl_lightning.checkpointing.find_resume`; ``--ckpt_path last``: the newest run of the config) and checks that
-the checkpoint fits the config (:func:`~cl_lightning.checkpointing.check_resume`). The CLI (:mod:`cl_lightning.cli`)
-applies that here: :func:`open_run` before anything is built, :func:`check_resumed` once the learner and the Trainer
-are.
+:mod:`cl_lightning.run.checkpointing` finds the run and checkpoint to continue
+(:func:`~cl_lightning.run.checkpointing.find_resume`; ``--ckpt_path last``: the newest run of the config) and checks
+that the checkpoint fits the config (:func:`~cl_lightning.run.checkpointing.check_resume`). The CLI
+(:mod:`cl_lightning.run.cli`) applies that here: :func:`open_run` before anything is built, :func:`check_resumed`
+once the learner and the Trainer are.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 
-from cl_lightning.checkpointing import ConfigOptimizerValues, Resume, check_resume, find_resume, version_of
 from cl_lightning.lightning_compat import checkpoint_logged_steps, set_purge_step
-from cl_lightning.runfolder import hold
+from cl_lightning.run.checkpointing import ConfigOptimizerValues, Resume, check_resume, find_resume, version_of
+from cl_lightning.run.runfolder import hold
 
 
 def open_run(config: Any, subcommand: str) -> Resume | None:
     """The run and checkpoint ``--ckpt_path`` continues (``None``: none given); a ``fit`` locks that run's folder
-    (:func:`~cl_lightning.runfolder.hold`) and logs into it, its ``version_N`` set in ``config``'s logger."""
+    (:func:`~cl_lightning.run.runfolder.hold`) and logs into it, its ``version_N`` set in ``config``'s logger."""
     resume = find_resume(config, subcommand)
     if resume is not None and resume.run is not None and subcommand == "fit":
         hold(resume.run)  # before anything is written into it

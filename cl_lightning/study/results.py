@@ -2,8 +2,8 @@
 
 An :class:`Experiment` holds one experiment's per-task curves (``(seeds, tasks)`` arrays, NaN where a seed logged
 nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy, no files:
-:mod:`cl_lightning.report` reads the event files into experiments, :mod:`cl_lightning.report_tables` writes the
-tables, :mod:`cl_lightning.report_figures` draws them.
+:mod:`cl_lightning.study.report` reads the event files into experiments, :mod:`cl_lightning.study.report_tables`
+writes the tables, :mod:`cl_lightning.study.report_figures` draws them.
 """
 
 from __future__ import annotations

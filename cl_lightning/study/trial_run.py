@@ -1,11 +1,11 @@
-"""One trial of a :mod:`cl_lightning.sweep`: its state, an attempt at its ``fit`` in a child process, its record.
+"""One trial of a :mod:`cl_lightning.study.sweep`: its state, an attempt at its ``fit`` in a child process, its record.
 
-A trial's folder is ``<root>/<suite>/<experiment>/seed_<s>/`` (:meth:`~cl_lightning.suite.Trial.log_dir`). A trial is
-finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and every
+A trial's folder is ``<root>/<suite>/<experiment>/seed_<s>/`` (:meth:`~cl_lightning.study.suite.Trial.log_dir`). A trial
+is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and every
 attempt (wall and CPU time, peak memory, exit code, host, command). An unfinished or ``stopped`` trial (its fit exited
-on SIGTERM / SIGINT) resumes from ``checkpoints/last.ckpt``. ``trial.lock`` (:mod:`cl_lightning.runfolder`) keeps a
+on SIGTERM / SIGINT) resumes from ``checkpoints/last.ckpt``. ``trial.lock`` (:mod:`cl_lightning.run.runfolder`) keeps a
 second sweep off a trial one is running; a ``stop.request`` file in the trial folder (:func:`request_stop`) stops its
-fit where a signal cannot reach it (a Ray worker's child, :mod:`cl_lightning.childproc`).
+fit where a signal cannot reach it (a Ray worker's child, :mod:`cl_lightning.study.childproc`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import Any
 
 import yaml
 
-from cl_lightning.childproc import die_with_parent, wait_passing_signals
-from cl_lightning.runfolder import RunInUse, hold, release
-from cl_lightning.suite import Trial
+from cl_lightning.run.runfolder import RunInUse, hold, release
+from cl_lightning.study.childproc import die_with_parent, wait_passing_signals
+from cl_lightning.study.suite import Trial
 
 FINISHED = "finished"
 STOPPED = "stopped"
@@ -36,7 +36,7 @@ _STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SI
 
 def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
     """(last task the events reached, number of tasks the run's config asks for); None where unknown."""
-    from cl_lightning.report import read_scalars
+    from cl_lightning.study.report import read_scalars
 
     wanted = None
     config = log_dir / "config.yaml"
