@@ -54,12 +54,12 @@ def _optimizer_state(cli: Any) -> dict[str, Tensor]:
     return {f"{i}.{k}": v for i, s in state.items() for k, v in s.items()}
 
 
-CBP_REFERENCE = ["--model.init_args.optimizer.init_args.update_rule=reference"]  # AdamGnT's snapshot rule
+CBP_CORRECTED = ["--model.init_args.optimizer.init_args.update_rule=corrected"]  # standard Adam per element
 FITS = {  # id -> (config, extra arguments); CBP's generate-and-test replaces units from about step 250 on
     "bp_scr": ("bp_scr", []),
     "qoa_scr": ("qoa_scr", []),
-    "cbp_scr": ("cbp_scr", []),
-    "cbp_scr-reference": ("cbp_scr", CBP_REFERENCE),
+    "cbp_scr": ("cbp_scr", CBP_CORRECTED),
+    "cbp_scr-reference": ("cbp_scr", []),  # the config's rule: AdamGnT's snapshot, as the authors' code
 }
 
 
