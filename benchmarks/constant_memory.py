@@ -12,7 +12,8 @@ parametric learners' stay flat. Learners:
 - ``qoa_read_all``: the cost of *reading* the whole buffer with QOA's scorer (one query, no cap, no training):
   nonparametric attention over all the context seen, the cost that grows without bound;
 - ``delta_rule``, ``gated_delta_rule``: ParametricAttention as ``configs/<rule>_pmnist.yaml`` (lifelong protocol);
-  any other rule name (``omega``, ``titans``, ``ttt_mlp``, ...) runs ParametricAttention with that rule.
+  a rule class of ``cl_lightning.nn.fast_weights`` (``OmegaRule``, ``Titans``, ``TTTMLP``, ...) runs
+  ParametricAttention with that rule.
 
     python -m benchmarks.constant_memory [--points 10000 50000 100000 200000] [--learners ...]
     python -m benchmarks.constant_memory --small   # 2 points of a 1,600-image stream, QOA's buffer 1,200 (tests)
@@ -24,7 +25,7 @@ import importlib.util
 import statistics
 import warnings
 from collections.abc import Callable
-from typing import Any, get_args
+from typing import Any
 
 import torch
 
@@ -32,11 +33,11 @@ from benchmarks.harness import Bench, clock, parser
 from cl_lightning.data import PermutedMNIST
 from cl_lightning.learners import ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
-from cl_lightning.learners.parametric_attention import RuleName
 from cl_lightning.memory.replay_buffer import ReplayBuffer
+from cl_lightning.nn import fast_weights
 
 CHUNK = 400
-PARAMETRIC_RULES = get_args(RuleName)
+PARAMETRIC_RULES = {"delta_rule": fast_weights.DeltaRule, "gated_delta_rule": fast_weights.GatedDeltaRule}
 
 
 def _buffer_bytes(buffer: ReplayBuffer) -> int:
@@ -72,7 +73,8 @@ def _learners(names: list[str], total: int, qoa_memory: int) -> dict[str, tuple[
 
             out[name] = (FullAttention(), None)
         else:
-            out[name] = (ParametricAttention(rule=name, hidden_sizes=[256, 256], key_dim=128), None)
+            rule = PARAMETRIC_RULES.get(name) or getattr(fast_weights, name)  # or a rule class by name
+            out[name] = (ParametricAttention(rule=rule(), hidden_sizes=[256, 256], key_dim=128), None)
     return out
 
 
@@ -140,7 +142,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         (_, t0, b0), (_, t1, b1) = measured[0], measured[-1]
         ratios = {"time": t1 / max(t0, 1e-9), "bytes": b1 / max(b0, 1)}
         flat = 0.67 <= ratios["time"] <= 1.5 and ratios["bytes"] == 1.0
-        learners[name] = {"rows": measured, **ratios, "flat": flat if name in PARAMETRIC_RULES else None}
+        learners[name] = {
+            "rows": measured,
+            **ratios,
+            "flat": flat if isinstance(learner, ParametricAttention) else None,
+        }
     notes = [f"late / early ratios ({points[-1]:,} vs {points[0]:,} examples; flat: time within 0.67-1.5x, bytes 1):"]
     notes += [
         f"- {name}: time x{v['time']:.2f}, bytes x{v['bytes']:.2f}"

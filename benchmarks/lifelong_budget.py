@@ -40,12 +40,14 @@ from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.nn.fast_weights import DeltaRule, GatedDeltaRule, TTTLinear
 
 LAGS = icl.LAGS
 BUDGETS = [1024 * 4**i for i in range(6)]  # 1 KB ... 1 MB
 BUFFER = ("knn_fifo", "knn_reservoir", "qoa_fifo", "qoa_reservoir")
 QOA_QUERIES = 16  # queries per QOA step: with 1, its scorer takes 200 one-query steps per stream and stays at chance
-PARAMETRIC = ("delta_rule", "gated_delta_rule", "ttt_linear")
+RULES = {"delta_rule": DeltaRule, "gated_delta_rule": GatedDeltaRule, "ttt_linear": TTTLinear}
+PARAMETRIC = tuple(RULES)
 COLUMNS = ["stream", "learner", "budget B", "bytes held", "forward", "lag 1", "lag 5", "lag 20"]
 
 
@@ -90,7 +92,7 @@ def buffer_spec(name: str, budget: int, hidden: list[int]) -> icl.Spec:
 
 def parametric_spec(rule: str, budget: int, hidden: list[int], num_outputs: int, lr: float) -> icl.Spec:
     """A fast-weight rule whose state is sized to ``budget``."""
-    spec = icl.parametric(rule, hidden, rule=rule, key_dim=key_dim_for(rule, budget, num_outputs))
+    spec = icl.parametric(rule, hidden, rule=RULES[rule](), key_dim=key_dim_for(rule, budget, num_outputs))
     spec.lr = lr
     return spec
 

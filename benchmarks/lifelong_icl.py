@@ -45,6 +45,7 @@ from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, FullAttention, ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.nn import fast_weights as fw
 
 LAGS = (1, 5, 20)
 STATE_FLOATS = 128 * 10  # the matched budget: a 128 x 10 float32 state, 5,120 bytes
@@ -136,16 +137,16 @@ def nonparametric_specs(hidden: list[int]) -> list[Spec]:
 def parametric_specs(hidden: list[int]) -> list[Spec]:
     """Every rule at about STATE_FLOATS floats of state (d_k chosen per rule; the bytes are printed)."""
     return [
-        parametric("linear_attn", hidden, rule="linear_attn", key_dim=128),
-        parametric("decay", hidden, rule="decay", key_dim=128),
-        parametric("delta_rule", hidden, rule="delta_rule", key_dim=128),
-        parametric("gated_delta_rule", hidden, rule="gated_delta_rule", key_dim=128),
-        parametric("longhorn", hidden, rule="longhorn", key_dim=128),
-        parametric("omega_c4", hidden, rule="omega", key_dim=128, window=4),
+        parametric("linear_attn", hidden, rule=fw.LinearAttention(), key_dim=128),
+        parametric("decay", hidden, rule=fw.DecayLinearAttention(), key_dim=128),
+        parametric("delta_rule", hidden, rule=fw.DeltaRule(), key_dim=128),
+        parametric("gated_delta_rule", hidden, rule=fw.GatedDeltaRule(), key_dim=128),
+        parametric("longhorn", hidden, rule=fw.Longhorn(), key_dim=128),
+        parametric("omega_c4", hidden, key_dim=128, rule=fw.OmegaRule(window=4)),
         # W and momentum: 2 x 64 x 10; exact per-token gradients (mini-batches of 16 diverged to NaN at mu 0.9)
-        parametric("titans", hidden, rule="titans", key_dim=64, mini_batch_size=1),
-        parametric("ttt_linear", hidden, rule="ttt_linear", key_dim=36),  # 36 x 36 + 36 = 1,332 floats
-        parametric("ttt_mlp", hidden, rule="ttt_mlp", key_dim=48, mlp_hidden=20),  # 48*20+20+20*10+10 = 1,190
+        parametric("titans", hidden, key_dim=64, rule=fw.Titans(mini_batch_size=1)),
+        parametric("ttt_linear", hidden, rule=fw.TTTLinear(), key_dim=36),  # 36 x 36 + 36 = 1,332 floats
+        parametric("ttt_mlp", hidden, key_dim=48, rule=fw.TTTMLP(hidden=20)),  # 48*20+20+20*10+10 = 1,190
     ]
 
 
@@ -365,66 +366,74 @@ def ablation_specs(hidden: list[int]) -> list[tuple[str, str, Spec]]:
     """(question, lever, spec): each lever against the delta-rule baseline at about 1,280 state floats."""
     p = parametric
     return [
-        ("baseline", "delta rule, d_k 128, 1 head", p("delta_rule", hidden, rule="delta_rule", key_dim=128)),
-        ("Q1 objective", "forget gate (gated delta rule)", p("gdn", hidden, rule="gated_delta_rule", key_dim=128)),
+        ("baseline", "delta rule, d_k 128, 1 head", p("delta_rule", hidden, rule=fw.DeltaRule(), key_dim=128)),
+        ("Q1 objective", "forget gate (gated delta rule)", p("gdn", hidden, rule=fw.GatedDeltaRule(), key_dim=128)),
         (
             "Q1 objective",
             "weight decay only (titans, mu0 0.01, d_k 64)",
-            p("wd", hidden, rule="titans", key_dim=64, momentum_init=0.01, mini_batch_size=1),
+            p("wd", hidden, key_dim=64, rule=fw.Titans(momentum_init=0.01, mini_batch_size=1)),
         ),
-        ("Q1 objective", "4 heads x d_k 32", p("heads4", hidden, rule="delta_rule", key_dim=32, num_heads=4)),
-        ("Q2 long-range", "Omega window c = 2", p("omega2", hidden, rule="omega", key_dim=128, window=2)),
-        ("Q2 long-range", "Omega window c = 4", p("omega4", hidden, rule="omega", key_dim=128, window=4)),
-        ("Q2 long-range", "Omega window c = 8", p("omega8", hidden, rule="omega", key_dim=128, window=8)),
+        ("Q1 objective", "4 heads x d_k 32", p("heads4", hidden, rule=fw.DeltaRule(), key_dim=32, num_heads=4)),
+        ("Q2 long-range", "Omega window c = 2", p("omega2", hidden, key_dim=128, rule=fw.OmegaRule(window=2))),
+        ("Q2 long-range", "Omega window c = 4", p("omega4", hidden, key_dim=128, rule=fw.OmegaRule(window=4))),
+        ("Q2 long-range", "Omega window c = 8", p("omega8", hidden, key_dim=128, rule=fw.OmegaRule(window=8))),
         (
             "Q2 long-range",
             "momentum + wd (titans, mu0 0.9, d_k 64)",
-            p("titans", hidden, rule="titans", key_dim=64, momentum_init=0.9, mini_batch_size=1),
+            p("titans", hidden, key_dim=64, rule=fw.Titans(momentum_init=0.9, mini_batch_size=1)),
         ),
-        ("Q2 long-range", "TTT-Linear mini-batch 16 (d_k 36)", p("ttt_linear", hidden, rule="ttt_linear", key_dim=36)),
+        (
+            "Q2 long-range",
+            "TTT-Linear mini-batch 16 (d_k 36)",
+            p("ttt_linear", hidden, rule=fw.TTTLinear(), key_dim=36),
+        ),
         (
             "Q3 keys/values",
             "deep memory: TTT-MLP (d_k 48, D_h 20)",
-            p("ttt_mlp", hidden, rule="ttt_mlp", key_dim=48, mlp_hidden=20),
+            p("ttt_mlp", hidden, key_dim=48, rule=fw.TTTMLP(hidden=20)),
         ),
-        ("Q3 keys/values", "feature map elu+1", p("elu1", hidden, rule="delta_rule", key_dim=128, feature_map="elu1")),
+        (
+            "Q3 keys/values",
+            "feature map elu+1",
+            p("elu1", hidden, rule=fw.DeltaRule(), key_dim=128, feature_map="elu1"),
+        ),
         (
             "Q3 keys/values",
             "feature map poly2 (11^2 = 121 rows)",
-            p("poly2", hidden, rule="delta_rule", key_dim=121, feature_map="poly2"),
+            p("poly2", hidden, rule=fw.DeltaRule(), key_dim=121, feature_map="poly2"),
         ),
         (
             "Q3 keys/values",
             "feature map random Fourier",
-            p("rff", hidden, rule="delta_rule", key_dim=128, feature_map="random_fourier"),
+            p("rff", hidden, rule=fw.DeltaRule(), key_dim=128, feature_map="random_fourier"),
         ),
         (
             "Q3 keys/values",
             "2 key-value pairs per example",
-            p("kv2", hidden, rule="delta_rule", key_dim=128, kv_pairs=2),
+            p("kv2", hidden, rule=fw.DeltaRule(), key_dim=128, kv_pairs=2),
         ),
         (
             "Q3 keys/values",
             "4 key-value pairs per example",
-            p("kv4", hidden, rule="delta_rule", key_dim=128, kv_pairs=4),
+            p("kv4", hidden, rule=fw.DeltaRule(), key_dim=128, kv_pairs=4),
         ),
         (
             "slow-weight drift",
             "encoder frozen at random init",
-            p("frozen", hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_random"),
+            p("frozen", hidden, rule=fw.DeltaRule(), key_dim=128, encoder_training="frozen_random"),
         ),
         (
             "slow-weight drift",
             "encoder frozen after task 0",
-            p("frozen1", hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_after_first_task"),
+            p("frozen1", hidden, rule=fw.DeltaRule(), key_dim=128, encoder_training="frozen_after_first_task"),
         ),
-        ("state size (bytes grow)", "d_k 32", p("k32", hidden, rule="delta_rule", key_dim=32)),
-        ("state size (bytes grow)", "d_k 512", p("k512", hidden, rule="delta_rule", key_dim=512)),
-        ("state size (bytes grow)", "d_k 1024", p("k1024", hidden, rule="delta_rule", key_dim=1024)),
+        ("state size (bytes grow)", "d_k 32", p("k32", hidden, rule=fw.DeltaRule(), key_dim=32)),
+        ("state size (bytes grow)", "d_k 512", p("k512", hidden, rule=fw.DeltaRule(), key_dim=512)),
+        ("state size (bytes grow)", "d_k 1024", p("k1024", hidden, rule=fw.DeltaRule(), key_dim=1024)),
         (
             "state size (bytes grow)",
             "d_k 1024, frozen encoder",
-            p("k1024f", hidden, rule="delta_rule", key_dim=1024, encoder_training="frozen_random"),
+            p("k1024f", hidden, rule=fw.DeltaRule(), key_dim=1024, encoder_training="frozen_random"),
         ),
     ]
 
@@ -728,7 +737,7 @@ def run_encoder_study(args: argparse.Namespace) -> list:
         ("encoder online, d_k 1024", {"key_dim": 1024}),
         ("encoder frozen at random init, d_k 1024", {"key_dim": 1024, "encoder_training": "frozen_random"}),
     ]:
-        spec = parametric(label, width, rule="delta_rule", **{"key_dim": 128, **kwargs})
+        spec = parametric(label, width, rule=fw.DeltaRule(), **{"key_dim": 128, **kwargs})
         spec.lr = 3e-4  # configs/delta_rule_pmnist.yaml
         r = run_stream(spec, stream, eval_last=5, queries=200)
         rows.append(
@@ -746,7 +755,7 @@ def run_encoder_study(args: argparse.Namespace) -> list:
 
 def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> list:
     """The delta-rule baseline's live recall against the associations written per task (2 ... 32)."""
-    spec = parametric("delta_rule", hidden, rule="delta_rule", key_dim=128)
+    spec = parametric("delta_rule", hidden, rule=fw.DeltaRule(), key_dim=128)
     capacity = []
     for items in (2, 4, 8, 16, 32):
         runs = [

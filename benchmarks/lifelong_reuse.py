@@ -48,6 +48,7 @@ from benchmarks import lifelong_icl as icl
 from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
+from cl_lightning.nn.fast_weights import DecayLinearAttention, DeltaRule, GatedDeltaRule, LinearAttention, Titans
 
 MATCHED = {"sign keys, 1 state (d_k 128)": (1, 128), "sign keys, 8 routed states (d_k 12)": (8, 12)}  # ~5 KB
 METRICS = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
@@ -59,15 +60,15 @@ def lever_specs(hidden: list[int]) -> list[tuple[str, Any]]:
     """(label, spec): the delta rule, its Q1 levers at 5,120 state bytes, and the Hebbian pair."""
     p = icl.parametric
     return [
-        ("delta rule (d_k 128)", p("delta_rule", hidden, rule="delta_rule", key_dim=128)),
-        ("Q1 forget gate (gated delta rule)", p("gdn", hidden, rule="gated_delta_rule", key_dim=128)),
+        ("delta rule (d_k 128)", p("delta_rule", hidden, rule=DeltaRule(), key_dim=128)),
+        ("Q1 forget gate (gated delta rule)", p("gdn", hidden, rule=GatedDeltaRule(), key_dim=128)),
         (
             "Q1 weight decay (titans, mu0 0.01, d_k 64)",
-            p("wd", hidden, rule="titans", key_dim=64, momentum_init=0.01, mini_batch_size=1),
+            p("wd", hidden, key_dim=64, rule=Titans(momentum_init=0.01, mini_batch_size=1)),
         ),
-        ("Q1 4 heads x d_k 32", p("heads4", hidden, rule="delta_rule", key_dim=32, num_heads=4)),
-        ("linear attention (Hebbian)", p("linear_attn", hidden, rule="linear_attn", key_dim=128)),
-        ("Q1 forget gate on linear attention (decay)", p("decay", hidden, rule="decay", key_dim=128)),
+        ("Q1 4 heads x d_k 32", p("heads4", hidden, rule=DeltaRule(), key_dim=32, num_heads=4)),
+        ("linear attention (Hebbian)", p("linear_attn", hidden, rule=LinearAttention(), key_dim=128)),
+        ("Q1 forget gate on linear attention (decay)", p("decay", hidden, rule=DecayLinearAttention(), key_dim=128)),
     ]
 
 

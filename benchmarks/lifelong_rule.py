@@ -39,6 +39,7 @@ from cl_lightning.data import AssociativeRecall
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import StableKeyMemory
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.nn.fast_weights import DeltaRule, GatedDeltaRule, LinearAttention, TTTLinear
 
 START = 2  # tasks scored from here on (the slow weights have seen two rules)
 COLUMNS = ["written pairs n", "learner", "context bytes", "written keys", "unseen keys (rule)"]
@@ -56,11 +57,11 @@ def learner_specs(hidden: list[int]) -> list[icl.Spec]:
 
     buffers = {s.name: s for s in icl.nonparametric_specs(hidden)}
     return [
-        icl.parametric("delta rule (d_k 128)", hidden, rule="delta_rule", key_dim=128),
-        icl.parametric(FROZEN, hidden, rule="delta_rule", key_dim=128, encoder_training="frozen_random"),
-        icl.parametric("gated delta rule (d_k 128)", hidden, rule="gated_delta_rule", key_dim=128),
-        icl.parametric("linear attention, Hebbian (d_k 128)", hidden, rule="linear_attn", key_dim=128),
-        icl.parametric("TTT-Linear (d_k 36)", hidden, rule="ttt_linear", key_dim=36),
+        icl.parametric("delta rule (d_k 128)", hidden, rule=DeltaRule(), key_dim=128),
+        icl.parametric(FROZEN, hidden, rule=DeltaRule(), key_dim=128, encoder_training="frozen_random"),
+        icl.parametric("gated delta rule (d_k 128)", hidden, rule=GatedDeltaRule(), key_dim=128),
+        icl.parametric("linear attention, Hebbian (d_k 128)", hidden, rule=LinearAttention(), key_dim=128),
+        icl.parametric("TTT-Linear (d_k 36)", hidden, rule=TTTLinear(), key_dim=36),
         icl.Spec("StableKeyMemory (1 state, d_k 128)", stable_keys),
         replace(buffers["knn"], name="kNN, k = 1 (FIFO, 64 rows)"),
         replace(buffers["qoa"], name="QOA (FIFO, 64 rows)"),

@@ -96,7 +96,7 @@ CBP = [
 ]
 PARAMETRIC = [
     "--model=cl_lightning.learners.ParametricAttention",
-    "--model.rule=gated_delta_rule",
+    "--model.rule=GatedDeltaRule",
     "--model.hidden_sizes=[32]",
     "--model.key_dim=16",
     "--model.optimizer=torch.optim.Adam",

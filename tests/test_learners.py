@@ -20,6 +20,7 @@ from cl_lightning.learners import (
     ParametricAttention,
     QueryOnlyAttention,
 )
+from cl_lightning.nn.fast_weights import GatedDeltaRule, TTTLinear
 
 
 class _FixedScores(nn.Module):
@@ -116,7 +117,7 @@ def _small_learners() -> dict[str, ContinualLearner]:
         "maml": MAMLReplay(**common, hidden_sizes=[8], memory_size=40, num_pseudo_tasks=2, support_size=5),
         "qoa": QueryOnlyAttention(**common, memory_size=20, support_size=5, hidden=8, num_hidden_layers=2),
         "full_attention": FullAttention(**common, memory_size=20, support_size=5, num_layers=2, embed_dim=4),
-        "parametric": ParametricAttention(**common, rule="gated_delta_rule", hidden_sizes=[8], key_dim=4),
+        "parametric": ParametricAttention(**common, rule=GatedDeltaRule(), hidden_sizes=[8], key_dim=4),
         "knn": KNN(**common, memory_size=20, support_size=5),
     }
 
@@ -175,7 +176,7 @@ def test_parametric_output_layer_is_the_key_projection_not_the_last_registered_l
     grads = torch.autograd.grad(live.sum(), [m.weight for m in heads], allow_unused=True)
     read, beta, gate = (None if g is None else float(g.abs().sum()) for g in grads)
     assert read > 0  # the read-out q = l2n(W_k h) feeds the prediction; β and the gate only shape writes
-    ttt = ParametricAttention(input_shape=(6,), num_outputs=3, rule="ttt_linear", hidden_sizes=[8], key_dim=4)
+    ttt = ParametricAttention(input_shape=(6,), num_outputs=3, rule=TTTLinear(), hidden_sizes=[8], key_dim=4)
     assert ttt.output_layer() is ttt.value_embed  # TTT's reading is mapped back to values through it
     assert beta in (None, 0.0)
     assert gate in (None, 0.0)

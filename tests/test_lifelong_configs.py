@@ -6,6 +6,7 @@ import pytest
 from helpers import CONFIGS
 
 from cl_lightning.learners import ParametricAttention
+from cl_lightning.nn.fast_weights import DeltaRule, OmegaRule
 from cl_lightning.run.cli import main
 
 BASE = CONFIGS / "lifelong" / "recall_delta_rule.yaml"
@@ -32,7 +33,7 @@ def test_lifelong_configs_instantiate_and_keep_the_state_small(overlay: Path | N
 @pytest.mark.parametrize("overlay", ["omega.yaml", "frozen_encoder.yaml"])
 def test_overlays_apply_to_the_pmnist_config(overlay: str, tmp_path: Path) -> None:
     cli = _cli(tmp_path, CONFIGS / "delta_rule_pmnist.yaml", CONFIGS / "lifelong" / overlay)
-    assert cli.model.rule == ("omega" if overlay == "omega.yaml" else "delta_rule")
+    assert cli.model.rule == (OmegaRule(window=4) if overlay == "omega.yaml" else DeltaRule())
     assert cli.model.encoder_training == ("frozen_random" if overlay == "frozen_encoder.yaml" else "online")
 
 

@@ -10,6 +10,7 @@ import pytest
 from helpers import ROOT
 
 from cl_lightning.data import AssociativeRecall
+from cl_lightning.nn.fast_weights import DeltaRule
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,7 @@ def _stream() -> AssociativeRecall:
 
 
 def test_delta_rule_recalls_the_last_task_from_a_constant_state(bench) -> None:
-    spec = bench.parametric("delta_rule", [64], rule="delta_rule", key_dim=128)
+    spec = bench.parametric("delta_rule", [64], rule=DeltaRule(), key_dim=128)
     r = bench.run_stream(spec, _stream(), eval_last=2, queries=64)
     assert r["recall"][1] > 0.5  # chance 0.1
     assert r["recall"][5] > 0.2

@@ -12,13 +12,13 @@ S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β
 write and read: ``cl_lightning.nn.fast_weights``). Readout: logits = τ · Sᵀq (τ learnable; regression reads Sᵀq),
 averaged over heads.
 
-The paper's open questions are switches (docs/parametric-attention.md §1): the online objective — gates (``decay``,
-``gated_delta_rule``, ``titans``' retention), several heads; the long-range signal — the Omega rule's window of the
-last c tokens (``omega``, ``window``), Titans-style momentum (``titans``), TTT mini-batches (``ttt_linear``,
-``ttt_mlp``); how keys and values are made — a non-linear key feature map (``feature_map``), several key–value
-pairs per example (``kv_pairs``), and a deep (two-layer MLP) memory (``ttt_mlp``). ``encoder_training`` freezes the
-key path (encoder, body, key projection) at its random init or after the first task, to separate slow-weight drift
-(keys written under an old θ, read under a new one) from the fast state's capacity.
+The paper's open questions are switches (docs/parametric-attention.md §1): the online objective — gates
+(``DecayLinearAttention``, ``GatedDeltaRule``, ``Titans``' retention), several heads; the long-range signal — the
+Omega rule's window of the last c tokens (``OmegaRule``), Titans-style momentum (``Titans``), TTT mini-batches
+(``TTTLinear``, ``TTTMLP``); how keys and values are made — a non-linear key feature map (``feature_map``), several
+key–value pairs per example (``kv_pairs``), and a deep (two-layer MLP) memory (``TTTMLP``). ``encoder_training``
+freezes the key path (encoder, body, key projection) at its random init or after the first task, to separate
+slow-weight drift (keys written under an old θ, read under a new one) from the fast state's capacity.
 
 Protocols (docs/parametric-attention.md §4):
 
@@ -51,18 +51,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
-from cl_lightning.nn.fast_weights import (
-    GATED_RULES,
-    TTT_RULES,
-    Encoded,
-    FastWeightRule,
-    RuleName,
-    State,
-    TTTLinearWeights,
-    as_state,
-    as_tuple,
-    initial_state,
-)
+from cl_lightning.nn.fast_weights import DeltaRule, Encoded, FastWeightRule, State, as_state, as_tuple
 from cl_lightning.nn.mlp import MLP
 from cl_lightning.ops import feature_map, l2_normalize
 from cl_lightning.ops.feature_maps import FeatureMapName, input_width, random_fourier_weights
@@ -77,22 +66,15 @@ class ParametricAttention(ContinualLearner):
         input_shape: Shape of one input (linked from the data module).
         num_outputs: Classes or regression targets (linked); d_v.
         task_type: Linked from the data module.
-        rule: The fast rule from ``cl_lightning.ops`` (``cl_lightning.nn.fast_weights`` describes each):
-            ``"linear_attn"`` (Hebbian), ``"decay"``, ``"delta_rule"``, ``"gated_delta_rule"``, ``"longhorn"``,
-            ``"omega"`` (the last ``window`` tokens), ``"titans"`` (momentum, retention gate), ``"ttt_linear"``
-            (TTT-Linear, values embedded to d_k), ``"ttt_mlp"`` (a two-layer MLP fast weight of width ``mlp_hidden``).
+        rule: The fast-weight rule with its own hyperparameters, a class of ``cl_lightning.nn.fast_weights``:
+            ``LinearAttention`` (Hebbian), ``DecayLinearAttention``, ``DeltaRule``, ``GatedDeltaRule``,
+            ``Longhorn``, ``OmegaRule``, ``Titans``, ``TTTLinear``, ``TTTMLP``; None means ``DeltaRule()``.
         protocol: ``"lifelong"`` (one persistent state) or ``"support_set"`` (a fresh state per chunk).
         hidden_sizes: Widths of the encoder MLP's hidden layers (Permuted MNIST: [256, 256]).
         key_dim: d_k, per head: the rows of the state (the feature map's output width).
-        num_heads: Heads, each with its own key projection, β, gate and state; their readouts are averaged.
+        num_heads: Heads, each with its own key projection, β, gates and state; their readouts are averaged.
         encoder: ``"flatten"`` or ``"cnn"`` (the QOA paper's shared CNN) before the MLP.
         temperature: Initial readout temperature τ of the classification logits (learnable, kept positive).
-        forget_init: Initial −log α ≈ softplus(dt_bias) of the gated rules (1e-3: α ≈ 0.999 per example).
-        chunk_size: Tokens per chunk C of the ops' chunked forms (not the stream's chunk).
-        window: The Omega rule's window c (its step η = β / c, so the total write per token does not grow with c).
-        momentum_init: Initial momentum μ of ``"titans"`` (a learned sigmoid gate per token and head).
-        mini_batch_size: Tokens per gradient mini-batch of ``"titans"``, ``"ttt_linear"``, ``"ttt_mlp"``.
-        mlp_hidden: Hidden width D_h of the ``"ttt_mlp"`` memory; None means ``key_dim``.
         feature_map: Key/query map φ applied before L2 normalisation: ``"identity"``, ``"elu1"``, ``"poly2"``
             (key_dim must be a square: the key projection has √key_dim outputs) or ``"random_fourier"``.
         kv_pairs: Key–value pairs written per example (the key projection makes P keys, each paired with the
@@ -100,8 +82,6 @@ class ParametricAttention(ContinualLearner):
             windows and mini-batches count pairs, not examples (a gate applies at every pair's write).
         encoder_training: ``"online"`` (the key path trained with the rest), ``"frozen_random"`` (encoder, body
             and key projection never trained) or ``"frozen_after_first_task"``.
-        ttt_base_lr: eta_base of the TTT rules, whose per-token rate is (eta_base / d_k) β with TTT's position
-            scale 1/i inside a mini-batch (the mean gradient at the mini-batch's end), as TTT's code.
         optimizer: Optimiser factory for the slow parameters (default: Adam, lr 1e-4).
         seed: Seed of the learner's own sampling (the random-feature projection and the TTT state init).
     """
@@ -112,42 +92,37 @@ class ParametricAttention(ContinualLearner):
         input_shape: tuple[int, ...] = (49,),
         num_outputs: int = 10,
         task_type: TaskType = "classification",
-        rule: RuleName = "delta_rule",
+        rule: FastWeightRule | None = None,
         protocol: Literal["lifelong", "support_set"] = "lifelong",
         hidden_sizes: list[int] | None = None,
         key_dim: int = 128,
         num_heads: int = 1,
         encoder: Literal["flatten", "cnn"] = "flatten",
         temperature: float = 10.0,
-        forget_init: float = 1e-3,
-        chunk_size: int = 64,
-        window: int = 4,
-        momentum_init: float = 0.9,
-        mini_batch_size: int = 16,
-        mlp_hidden: int | None = None,
         feature_map: FeatureMapName = "identity",
         kv_pairs: int = 1,
         encoder_training: EncoderTraining = "online",
-        ttt_base_lr: float = 1.0,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
         super().__init__(
             input_shape=input_shape, num_outputs=num_outputs, task_type=task_type, optimizer=optimizer, seed=seed
         )
+        rule = DeltaRule() if rule is None else rule
         hidden = [256, 256] if hidden_sizes is None else list(hidden_sizes)
-        if not hidden or key_dim < 1 or num_heads < 1 or chunk_size < 1 or temperature <= 0 or forget_init <= 0:
-            raise ValueError("need hidden_sizes, key_dim, num_heads, chunk_size >= 1 and temperature, forget_init > 0")
-        if window < 1 or mini_batch_size < 1 or kv_pairs < 1 or not 0 < momentum_init < 1:
-            raise ValueError("need window, mini_batch_size, kv_pairs >= 1 and momentum_init in (0, 1)")
-        if kv_pairs > 1 and rule in TTT_RULES:
-            raise ValueError(f"kv_pairs > 1 needs a linear readout; rule {rule!r} reads through a non-linear model")
+        if not hidden or key_dim < 1 or num_heads < 1 or kv_pairs < 1 or temperature <= 0:
+            raise ValueError("need hidden_sizes, key_dim, num_heads, kv_pairs >= 1 and temperature > 0")
+        if kv_pairs > 1 and not rule.linear_readout:
+            raise ValueError(f"kv_pairs > 1 needs a linear readout; {rule!r} reads through a non-linear model")
         if encoder_training not in ("online", "frozen_random", "frozen_after_first_task"):
             raise ValueError(f"unknown encoder_training {encoder_training!r}")
-        self.rule, self.protocol, self.chunk_size = rule, protocol, chunk_size
+        self.rule, self.protocol, self.feature_map, self.encoder_training = (
+            rule,
+            protocol,
+            feature_map,
+            encoder_training,
+        )
         self.key_dim, self.num_heads, self.kv_pairs = key_dim, num_heads, kv_pairs
-        self.window, self.mini_batch_size, self.feature_map = window, mini_batch_size, feature_map
-        self.encoder_training, self.ttt_base_lr = encoder_training, ttt_base_lr
         self.proj_dim = input_width(feature_map, key_dim)  # the key projection's width before φ
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.body = MLP(features, hidden[-1], hidden[:-1])  # h = relu(body(x))
@@ -159,44 +134,15 @@ class ParametricAttention(ContinualLearner):
         gen = torch.Generator().manual_seed(seed)
         if feature_map == "random_fourier":
             self.register_buffer("rff_weights", random_fourier_weights(self.proj_dim, key_dim, gen))
-        self._init_gates(rule, hidden[-1], forget_init, momentum_init)
-        self._init_state(rule, num_outputs, mlp_hidden or key_dim, gen)
-        if encoder_training == "frozen_random":
-            self.freeze_keys()
-
-    def _init_gates(self, rule: RuleName, width: int, forget_init: float, momentum_init: float) -> None:
-        """The rule's gate heads on h: the forget (retention) gate α, Titans' momentum μ, the Omega window's γ."""
-        heads = self.num_heads
-        if rule in GATED_RULES:
-            self.gate_proj = self._gate_head(width)
-            self.a_log = nn.Parameter(torch.zeros(heads))  # A = 1
-            dt_bias = forget_init + math.log(-math.expm1(-forget_init))  # inverse softplus (fla's dt_bias init)
-            self.dt_bias = nn.Parameter(torch.full((heads,), dt_bias))
-        if rule == "titans":
-            self.momentum_proj = self._gate_head(width)
-            self.momentum_bias = nn.Parameter(torch.full((heads,), math.log(momentum_init / (1 - momentum_init))))
-        if rule == "omega":
-            self.gamma_proj = self._gate_head(width)  # γ ≈ sigmoid(0) = 0.5 at the start
-
-    def _gate_head(self, width: int) -> nn.Linear:
-        head = nn.Linear(width, self.num_heads)
-        nn.init.normal_(head.weight, std=1e-3)
-        nn.init.zeros_(head.bias)
-        return head
-
-    def _init_state(self, rule: RuleName, num_outputs: int, mlp_hidden: int, gen: torch.Generator) -> None:
-        """Register TTT-Linear's slow weights, the fast state's buffers (``fast_state`` first) and, for TTT rules, the
-        learned initial state."""
-        if rule == "ttt_linear":  # values embedded to d_k by E; the inner LayerNorm of TTT's fast model
-            self.value_embed = nn.Linear(num_outputs, self.key_dim, bias=False)
-            self.ln_weight = nn.Parameter(torch.ones(self.num_heads, self.key_dim))
-            self.ln_bias = nn.Parameter(torch.zeros(self.num_heads, self.key_dim))
-        init = initial_state(rule, self.num_heads, self.key_dim, num_outputs, mlp_hidden, gen)
-        self.state_names = list(init)
-        if rule in TTT_RULES:  # TTT's initial fast weights are slow parameters
+        rule.setup(self, hidden[-1], num_heads, key_dim, num_outputs)  # the rule's gates and slow weights, on self
+        init = rule.initial_state(num_heads, key_dim, num_outputs, gen)
+        self.state_names = list(init)  # the fast state's buffers, ``fast_state`` first
+        if rule.learned_init:  # TTT's initial fast weights are slow parameters
             self.state_init = nn.ParameterList([nn.Parameter(t.clone()) for t in init.values()])
         for name, tensor in init.items():
             self.register_buffer(name, tensor.clone())
+        if encoder_training == "frozen_random":
+            self.freeze_keys()
 
     def freeze_keys(self) -> None:
         """Stop training the key path (encoder, body, key projection): keys no longer drift under the state."""
@@ -217,7 +163,7 @@ class ParametricAttention(ContinualLearner):
 
     def fresh_state(self) -> State:
         """The state a new context is written into: zeros, or the learned initial fast weights of the TTT rules."""
-        if self.rule in TTT_RULES:
+        if self.rule.learned_init:
             return tuple(self.state_init)
         return as_state(tuple(torch.zeros_like(getattr(self, name)) for name in self.state_names))
 
@@ -235,15 +181,7 @@ class ParametricAttention(ContinualLearner):
         keys = l2_normalize(feature_map(raw, self.feature_map, getattr(self, "rff_weights", None)))
         keys = keys.unsqueeze(0) if self.kv_pairs > 1 else keys[:, :, 0].unsqueeze(0)  # (1, H, N[, P], K)
         beta = self.beta_proj(h).sigmoid().T.unsqueeze(0)  # (1, H, N)
-        log_gate = log_momentum = gamma = None
-        if self.rule in GATED_RULES:
-            log_gate = -self.a_log.exp() * nn.functional.softplus(self.gate_proj(h) + self.dt_bias)  # log α <= 0
-            log_gate = log_gate.T.unsqueeze(0)
-        if self.rule == "titans":
-            log_momentum = nn.functional.logsigmoid(self.momentum_proj(h) + self.momentum_bias).T.unsqueeze(0)
-        if self.rule == "omega":
-            gamma = self.gamma_proj(h).sigmoid().T.unsqueeze(0)
-        return Encoded(keys, beta, log_gate, log_momentum, gamma)
+        return Encoded(keys, beta, **self.rule.gates(self, h))
 
     def values(self, y: Tensor, dtype: torch.dtype) -> Tensor:
         """Values ``(1, H, N, V)``: onehot(y) for classification, y for regression, the same for every head."""
@@ -252,22 +190,14 @@ class ParametricAttention(ContinualLearner):
 
     # --- write and read -------------------------------------------------------------------------------------------
 
-    def fast_rule(self) -> FastWeightRule:
-        """The rule with its hyperparameters as set now (and, for ``ttt_linear``, its slow weights)."""
-        ttt = TTTLinearWeights(self.value_embed, self.ln_weight, self.ln_bias) if self.rule == "ttt_linear" else None
-        return FastWeightRule(
-            self.rule, self.key_dim, self.kv_pairs, self.chunk_size, self.window, self.mini_batch_size,
-            self.ttt_base_lr, ttt,
-        )  # fmt: skip
-
     def write(self, enc: Encoded, values: Tensor, state: State, prequential: bool = True) -> tuple[Tensor, State]:
         """Run the rule from ``state``: outputs ``(1, H, N, V')`` (read with q = k, before the readout head) and the
         final state (same structure as ``state``)."""
-        return self.fast_rule().write(enc, values, state, prequential)
+        return self.rule.write(self, enc, values, state, prequential)
 
     def read(self, state: State, queries: Tensor) -> Tensor:
         """Readout ``(N, V)`` from ``state`` and queries ``(1, H, N, K)`` (or ``(1, H, N, P, K)``), no write."""
-        return self.readout(self.fast_rule().read(state, queries))
+        return self.readout(self.rule.read(self, state, queries))
 
     def readout(self, o: Tensor) -> Tensor:
         """Head-averaged ``Sᵀq``, ``(1, H, N, V) -> (N, V)``, times τ for classification logits."""
@@ -313,8 +243,10 @@ class ParametricAttention(ContinualLearner):
 
     def output_layer(self) -> nn.Module:
         """The last trained layer on the read-out path (β and the gates only shape the writes): the key (= query)
-        projection of τ · Sᵀ φ(W_k h), or for ``ttt_linear`` the value embedding its reading is mapped back through."""
-        return self.value_embed if self.rule == "ttt_linear" else self.key_proj
+        projection of τ · Sᵀ φ(W_k h), or the rule's own (TTT-Linear's value embedding its reading is mapped back
+        through)."""
+        layer = self.rule.output_layer(self)
+        return self.key_proj if layer is None else layer
 
     def probe_layers(self) -> dict[str, nn.Module]:
         """The encoder MLP's layers (their ReLU outputs are the hidden features; keys, β and gates are heads)."""

@@ -22,7 +22,6 @@ states and centroids, constant (``context_memory_bytes``).
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 from lightning.pytorch.cli import OptimizerCallable
@@ -31,7 +30,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import adam_1e4
 from cl_lightning.learners.parametric_attention import ParametricAttention
-from cl_lightning.nn.fast_weights import Encoded
+from cl_lightning.nn.fast_weights import DeltaRule, Encoded, GatedDeltaRule
 
 
 class StableKeyMemory(ParametricAttention):
@@ -41,13 +40,12 @@ class StableKeyMemory(ParametricAttention):
         input_shape: Shape of one input (linked from the data module).
         num_outputs: Classes or regression targets (linked); d_v.
         task_type: Linked from the data module.
-        rule: ``"delta_rule"`` or ``"gated_delta_rule"``.
+        rule: ``DeltaRule`` or ``GatedDeltaRule`` (``cl_lightning.nn.fast_weights``); None means ``DeltaRule()``.
         routes: Fast states M (1: a single state, no routing).
         key_dim: d_k of each state: the width of the fixed sign projection.
         route_threshold: A chunk whose cosine to every used centroid is below this opens the next state in turn.
         hidden_sizes: Widths of the slow encoder MLP (it makes β and the gates only).
         temperature: Initial readout temperature τ (learnable).
-        chunk_size: Tokens per chunk C of the ops' chunked forms.
         optimizer: Optimiser factory for the slow parameters (default: Adam, lr 1e-4).
         seed: Seed of the fixed key projection.
     """
@@ -58,13 +56,12 @@ class StableKeyMemory(ParametricAttention):
         input_shape: tuple[int, ...] = (49,),
         num_outputs: int = 10,
         task_type: TaskType = "classification",
-        rule: Literal["delta_rule", "gated_delta_rule"] = "delta_rule",
+        rule: DeltaRule | GatedDeltaRule | None = None,
         routes: int = 8,
         key_dim: int = 112,
         route_threshold: float = 0.5,
         hidden_sizes: list[int] | None = None,
         temperature: float = 10.0,
-        chunk_size: int = 64,
         optimizer: OptimizerCallable = adam_1e4,
         seed: int = 0,
     ) -> None:
@@ -72,8 +69,7 @@ class StableKeyMemory(ParametricAttention):
             raise ValueError("need routes >= 1 and route_threshold in [-1, 1]")
         super().__init__(
             input_shape=input_shape, num_outputs=num_outputs, task_type=task_type, rule=rule, hidden_sizes=hidden_sizes,
-            key_dim=key_dim, num_heads=routes, temperature=temperature, chunk_size=chunk_size, optimizer=optimizer,
-            seed=seed,
+            key_dim=key_dim, num_heads=routes, temperature=temperature, optimizer=optimizer, seed=seed,
         )  # fmt: skip
         self.routes, self.route_threshold = routes, route_threshold
         width = math.prod(self.input_shape)
