@@ -71,6 +71,8 @@ DESCRIPTION = (
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
 )
 
+SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
+
 
 class CLI(CompatCLI):
     """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
@@ -98,8 +100,12 @@ class CLI(CompatCLI):
         ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
         """
         parser.add_argument(f"--{INCLUDE_KEY}", type=list[str] | str | None, default=None, help=argparse.SUPPRESS)
-        for name in CALLBACK_SLOTS:
-            parser.add_subclass_arguments(Callback, f"callbacks.{name}", required=False, fail_untyped=False)
+        for name, callback in CALLBACK_SLOTS.items():
+            key = f"callbacks.{name}"
+            parser.add_subclass_arguments(
+                callback, key, required=False, fail_untyped=False, metavar="null | CLASS", help=SLOT_HELP
+            )
+            parser.groups[key].title = f"{key}: {callback.__name__}"
         parser.set_defaults({"trainer.reload_dataloaders_every_n_epochs": 1})
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
