@@ -177,15 +177,12 @@ class CLI(CompatCLI):
 
     def before_fit(self) -> None:
         """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs and data on disk."""
-        trainer, data = self.trainer, self.datamodule
-        if isinstance(data, StreamDataModule) and not trainer.fast_dev_run:
-            if trainer.max_epochs != data.num_tasks:
-                raise UsageError(
-                    f"trainer.max_epochs ({trainer.max_epochs}) must equal data.stream.init_args.num_tasks "
-                    f"({data.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
-                )
-            if trainer.reload_dataloaders_every_n_epochs != 1:
-                raise UsageError("trainer.reload_dataloaders_every_n_epochs must be 1 (each epoch serves a new task)")
+        data = self.datamodule
+        if isinstance(data, StreamDataModule):
+            try:
+                data.check_epochs(self.trainer)  # the data module checks it again in setup, for a Trainer of one's own
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         data.prepare_data()
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
