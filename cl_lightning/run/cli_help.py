@@ -24,8 +24,11 @@ LIGHTNING_KEYS = ("trainer.", "callbacks.checkpoint.", "ckpt_path", "weights_onl
 OWN_HELP = {
     "ckpt_path": "Resume the run a checkpoint belongs to, from it; 'last': this config's newest run.",
     "weights_only": "torch.load's weights_only for the checkpoint (null: Lightning's choice).",
+    "seed_everything": "Seed of every generator, set before the classes are built (true: a random one).",
+    "trainer.max_epochs": "One epoch is one task: leave it unset, the CLI fills in data.stream.init_args.num_tasks.",
+    "trainer.reload_dataloaders_every_n_epochs": "Must be 1 (each epoch serves a new task); the CLI sets it.",
 }
-"""Lightning's options whose first sentence says nothing of what they do here."""
+"""Lightning's options whose first sentence says nothing, or not enough, of what they do here."""
 
 _ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|obj|exc|ref|doc|py:\w+):`(~?)([^`]+)`")
 _LINK = re.compile(r"`([^`<]+?)\s*<([^>]+)>`_")
