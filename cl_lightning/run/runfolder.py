@@ -1,7 +1,7 @@
 """One writer per run folder (an advisory lock a second ``fit`` of the same run cannot take), and undoing a failed
 attempt's writes.
 
-:func:`hold` takes ``filelock``'s :class:`~filelock.FileLock` on ``<run>/.lock`` (``flock`` on POSIX, ``msvcrt`` on
+:func:`hold` takes ``filelock``'s :class:`~filelock.FileLock` on ``<run>/.lock`` (``flock`` on POSIX, ``LockFileEx`` on
 Windows) and writes this process's id into it, for as long as the process runs or until :func:`release` /
 :func:`release_all`, which remove the file. The operating system drops the lock when the process ends, however it
 ends, so a file left by a ``kill -9``'d run never blocks the next one; the soft (marker-file) fallback filelock offers
