@@ -165,3 +165,37 @@ def test_run_summary_cites_last_ten_task_means_and_acc() -> None:
     assert run_summary(trainer, 0.0, {"forward": (0.5, 3), "backward": (0.25, 1)}).splitlines()[2] == (
         "Last 3 tasks (mean): forward mse 0.5, backward mse 0.25 (tasks t − 1 … t − 5, 1 task)."
     )
+
+
+SPHINX = re.compile(r":(?:class|func|meth|mod|attr|obj|data):|``")
+
+
+def _help(args: list[str], capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("COLUMNS", "80")  # what `| wc -l` sees
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    assert stop.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_fit_help_is_short_plain_and_starts_with_the_package(
+    capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Model, data and the callback slots (each listing its monitor's own options) come before the Trainer's options;
+    no Sphinx markup; at most 350 lines (it was 778 with each slot typed ``Callback``)."""
+    out = _help(["fit", "--help"], capsys, monkeypatch)
+    assert len(out.splitlines()) <= 350
+    assert not SPHINX.search(out), SPHINX.search(out)
+    first = ("--model ", "--data.stream ", "--callbacks.hessian.every_n_tasks ", "--trainer.devices")
+    order = [out.index(o) for o in first]
+    assert order == sorted(order)
+    for option in ("--callbacks.forgetting.plot_budget", "--callbacks.plasticity.probe_size", "--callbacks.cost "):
+        assert option in out
+    assert "GracefulStop" not in out  # internals are no choice for a slot
+    assert "DataRecord" not in out
+
+
+def test_learner_help_is_plain_text(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = _help(["fit", "--model.help", "QueryOnlyAttention"], capsys, monkeypatch)
+    assert "--model.support_size" in out
+    assert not SPHINX.search(out), SPHINX.search(out)

@@ -108,6 +108,32 @@ def test_named_callbacks_reach_the_trainer(tmp_path: Path) -> None:
     assert cli.trainer.reload_dataloaders_every_n_epochs == 1  # set by the CLI, in no config file
 
 
+SAVED_BEFORE_TYPED_SLOTS = {  # a saved config.yaml's slots as the CLI wrote them while each was typed `Callback`
+    "checkpoint": {
+        "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+        "init_args": {"every_n_epochs": 1, "save_last": True, "save_top_k": 1, "mode": "min", "filename": None},
+    },
+    "forgetting": {"class_path": "cl_lightning.callbacks.ForgettingMonitor", "init_args": {"plot_budget": 0.02}},
+    "plasticity": {"class_path": "cl_lightning.callbacks.PlasticityMonitor", "init_args": {"every_n_tasks": 10}},
+    "hessian": {"class_path": "cl_lightning.callbacks.HessianMonitor", "init_args": {"every_n_tasks": 100}},
+    "cost": {"class_path": "cl_lightning.callbacks.CostMonitor"},
+}
+
+
+def test_slots_take_class_path_or_only_arguments(tmp_path: Path) -> None:
+    """A config saved before the slots were typed by their callback reloads; a slot's ``class_path`` may be left out."""
+    saved, bare = tmp_path / "saved.yaml", tmp_path / "bare.yaml"
+    saved.write_text(yaml.safe_dump({"callbacks": SAVED_BEFORE_TYPED_SLOTS}))
+    bare.write_text(yaml.safe_dump({"callbacks": {"hessian": {"every_n_tasks": 5}, "plasticity": None}}))
+    config = resolved(CONFIGS / "qoa_pmnist.yaml", saved)["callbacks"]
+    assert config["hessian"]["class_path"] == "cl_lightning.callbacks.HessianMonitor"
+    assert config["hessian"]["init_args"]["every_n_tasks"] == 100
+    assert config["checkpoint"]["init_args"]["save_last"] is True
+    config = resolved(CONFIGS / "qoa_pmnist.yaml", saved, bare)["callbacks"]
+    assert config["hessian"]["init_args"]["every_n_tasks"] == 5
+    assert config["plasticity"] is None
+
+
 def test_saved_config_is_complete_and_reloads(tmp_path: Path) -> None:
     """The resolved config has no ``include`` key, so a printed config reloads on its own, anywhere."""
     frozen = tmp_path / "frozen.yaml"

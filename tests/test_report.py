@@ -48,7 +48,7 @@ def _trial(
 ) -> Path:
     d = suite / name / f"seed_{seed}"
     d.mkdir(parents=True)
-    stream = {"class_path": "x.PermutedMNIST", "init_args": {"warmup_tasks": warmup}}
+    stream = {"class_path": "x.PermutedMNIST", "init_args": {"num_tasks": tasks, "warmup_tasks": warmup}}
     (d / "config.yaml").write_text(yaml.safe_dump({"trainer": {"max_epochs": tasks}, "data": {"stream": stream}}))
     _write(d, values)
     if record:

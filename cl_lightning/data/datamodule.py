@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
@@ -167,7 +167,7 @@ class StreamDataModule(LightningDataModule):
     @property
     def num_evaluated_tasks(self) -> int:
         """Tasks that are evaluated: ``num_tasks − warmup_tasks``, numbered from 0."""
-        return self.stream.num_tasks - self.stream.warmup_tasks
+        return self.num_tasks - self.warmup_tasks
 
     def evaluated_task(self, epoch: int) -> int | None:
         """The evaluated task trained in ``epoch`` (``epoch − warmup_tasks``), or ``None`` in a warm-up epoch."""
@@ -189,14 +189,19 @@ class StreamDataModule(LightningDataModule):
                 "use chunks of at least one example per rank, or fewer devices"
             )
         self._check_steps(trainer.world_size)
+        self.check_epochs(trainer)
+
+    def check_epochs(self, trainer: Trainer) -> None:
+        """Refuse (``ValueError``) a Trainer that does not run one epoch per task of the stream, rebuilding the
+        loaders every epoch (a ``fast_dev_run`` is not checked)."""
         if trainer.fast_dev_run:
             return
         if trainer.reload_dataloaders_every_n_epochs != 1:
-            raise ValueError("set trainer.reload_dataloaders_every_n_epochs: 1 (each epoch serves a new task)")
+            raise ValueError("trainer.reload_dataloaders_every_n_epochs must be 1 (each epoch serves a new task)")
         if trainer.max_epochs != self.num_tasks:
             raise ValueError(
-                f"trainer.max_epochs ({trainer.max_epochs}) must equal the stream's num_tasks ({self.num_tasks}): "
-                "one epoch is one task. Leave max_epochs unset and the CLI fills it in."
+                f"trainer.max_epochs ({trainer.max_epochs}) must equal data.stream.init_args.num_tasks "
+                f"({self.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
             )
 
     def _check_steps(self, world_size: int) -> None:

@@ -71,6 +71,8 @@ DESCRIPTION = (
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
 )
 
+SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
+
 
 class CLI(CompatCLI):
     """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
@@ -98,8 +100,12 @@ class CLI(CompatCLI):
         ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
         """
         parser.add_argument(f"--{INCLUDE_KEY}", type=list[str] | str | None, default=None, help=argparse.SUPPRESS)
-        for name in CALLBACK_SLOTS:
-            parser.add_subclass_arguments(Callback, f"callbacks.{name}", required=False, fail_untyped=False)
+        for name, callback in CALLBACK_SLOTS.items():
+            key = f"callbacks.{name}"
+            parser.add_subclass_arguments(
+                callback, key, required=False, fail_untyped=False, metavar="null | CLASS", help=SLOT_HELP
+            )
+            parser.groups[key].title = f"{key}: {callback.__name__}"
         parser.set_defaults({"trainer.reload_dataloaders_every_n_epochs": 1})
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
@@ -171,15 +177,12 @@ class CLI(CompatCLI):
 
     def before_fit(self) -> None:
         """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs and data on disk."""
-        trainer, data = self.trainer, self.datamodule
-        if isinstance(data, StreamDataModule) and not trainer.fast_dev_run:
-            if trainer.max_epochs != data.num_tasks:
-                raise UsageError(
-                    f"trainer.max_epochs ({trainer.max_epochs}) must equal data.stream.init_args.num_tasks "
-                    f"({data.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
-                )
-            if trainer.reload_dataloaders_every_n_epochs != 1:
-                raise UsageError("trainer.reload_dataloaders_every_n_epochs must be 1 (each epoch serves a new task)")
+        data = self.datamodule
+        if isinstance(data, StreamDataModule):
+            try:
+                data.check_epochs(self.trainer)  # the data module checks it again in setup, for a Trainer of one's own
+            except ValueError as error:
+                raise UsageError(str(error)) from None
         data.prepare_data()
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")

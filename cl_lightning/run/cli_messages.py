@@ -21,6 +21,7 @@ from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from cl_lightning.errors import UsageError, did_you_mean, key_lines
+from cl_lightning.run.cli_help import HelpFormatter, package_first
 
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
 
@@ -157,6 +158,15 @@ class ConciseArgumentParser(LightningArgumentParser):
 
     debug = False
     arguments: ClassVar[list[str]] = []  # the command line, includes expanded: where an option was set
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)  # also the parsers jsonargparse makes for --X.help
+        super().__init__(*args, **kwargs)
+
+    def format_help(self, formatter: Any = None) -> str:
+        """The help, the package's options before the Trainer's (:mod:`cl_lightning.run.cli_help`)."""
+        with package_first(self):
+            return super().format_help() if formatter is None else super().format_help(formatter)
 
     def error(self, message: str, ex: Exception | None = None) -> Any:
         """Write one line and exit with code 2 (jsonargparse's internal, non-exiting parsers are left alone)."""

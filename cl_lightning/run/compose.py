@@ -13,10 +13,17 @@ its own includes first), so the including file overrides them key by key, exactl
 the command line does. The key is read here, before jsonargparse parses anything, and is not part of the resolved
 config (``--print_config`` and each run's saved ``config.yaml`` are complete and include nothing).
 
+Why not jsonargparse's own composition: a nested config file (``model: learner/qoa.yaml``) fills one group whole,
+so the file naming it cannot change one key of that group, and a fragment spanning groups (``trainer/default.yaml``
+sets the seed, the Trainer and the callback slots) has no group to be nested under. Repeated ``--config`` does
+compose key by key, and ``include`` is only the list of them kept in the experiment file, so that a suite, the
+README and the command line name one file instead of four.
+
 Callbacks a config wants to change one setting of live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`),
-instead of the anonymous ``trainer.callbacks`` list, which a later config can only replace whole. An overlay or the
-command line then reaches one of them (``--callbacks.hessian.every_n_tasks=5``); ``--callbacks.hessian=null`` turns
-it off. ``trainer.callbacks`` still takes any further callbacks.
+instead of the anonymous ``trainer.callbacks`` list, which a later config can only replace whole. Each slot is typed
+by its callback's class, so ``fit --help`` lists that class's arguments and a config may leave ``class_path`` out. An
+overlay or the command line then reaches one of them (``--callbacks.hessian.every_n_tasks=5``);
+``--callbacks.hessian=null`` turns it off. ``trainer.callbacks`` still takes any further callbacks.
 """
 
 from __future__ import annotations
@@ -24,10 +31,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from lightning.pytorch import Callback
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from cl_lightning.callbacks import CostMonitor, ForgettingMonitor, HessianMonitor, PlasticityMonitor
 from cl_lightning.errors import UsageError, key_lines, load_yaml
 
 INCLUDE_KEY = "include"
-CALLBACK_SLOTS = ("checkpoint", "forgetting", "plasticity", "hessian", "cost")
+CALLBACK_SLOTS: dict[str, type[Callback]] = {
+    "checkpoint": ModelCheckpoint,
+    "forgetting": ForgettingMonitor,
+    "plasticity": PlasticityMonitor,
+    "hessian": HessianMonitor,
+    "cost": CostMonitor,
+}
+"""The named callback slots and the class each holds (a subclass of it too, given by ``class_path``)."""
 
 
 def config_chain(path: Path, _stack: tuple[Path, ...] = ()) -> list[Path]:

@@ -1,27 +1,26 @@
 """One writer per run folder (an advisory lock a second ``fit`` of the same run cannot take), and undoing a failed
 attempt's writes.
 
-:func:`hold` takes ``fcntl.flock`` on ``<run>/.lock`` (and writes this process's id into it) for as long as the
-process runs or until :func:`release` / :func:`release_all`, which remove the file. The operating system drops the
-lock when the process ends, however it ends, so a file left by a ``kill -9``'d run never blocks the next one. A
-process that locked a file its owner removed meanwhile notices (the path no longer names the locked file) and locks
-the new one, so two processes never both hold a run. Where ``fcntl`` does not exist (Windows) nothing is locked.
+:func:`hold` takes ``filelock``'s :class:`~filelock.FileLock` on ``<run>/.lock`` (``flock`` on POSIX, ``LockFileEx`` on
+Windows) and writes this process's id into it, for as long as the process runs or until :func:`release` /
+:func:`release_all`, which remove the file. The operating system drops the lock when the process ends, however it
+ends, so a file left by a ``kill -9``'d run never blocks the next one; the soft (marker-file) fallback filelock offers
+on file systems without ``flock`` is refused for that reason. The file is removed while still locked: a process that
+locked it meanwhile sees it unlinked (filelock checks) and locks the new one, so two processes never both hold a run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from cl_lightning.errors import UsageError
 
-try:
-    import fcntl
-except ImportError:  # pragma: no cover - Windows
-    fcntl = None
-
 LOCK_NAME = ".lock"
-_held: dict[Path, int] = {}  # lock file -> open file descriptor holding its lock
+_held: dict[Path, FileLock] = {}  # lock file -> the lock this process holds on it
 
 
 class RunInUse(UsageError):  # noqa: N818 - reads as the condition it reports
@@ -35,44 +34,43 @@ def hold(run: Path, name: str = LOCK_NAME) -> None:
     """
     run = run.resolve()
     path = run / name
-    if fcntl is None or path in _held:
+    if path in _held:
         return
     run.mkdir(parents=True, exist_ok=True)
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.read(fd, 64).decode(errors="replace").strip() or "?"
-            os.close(fd)
-            raise RunInUse(
-                f"{run} is being written by another process (pid {owner}); two writers would corrupt the run. "
-                f"Wait for it to end, or stop it first (kill -TERM {owner})"
-            ) from None
-        if _names(path, fd):
-            break
-        os.close(fd)  # its owner removed the file between our open and flock: lock the file there now
+    lock = FileLock(path, thread_local=False, fallback_to_soft=False, on_acquired=_write_pid)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        owner = _owner(path)
+        raise RunInUse(
+            f"{run} is being written by another process (pid {owner}); two writers would corrupt the run. "
+            f"Wait for it to end, or stop it first (kill -TERM {owner})"
+        ) from None
+    _held[path] = lock
+
+
+def _write_pid(fd: int) -> None:
+    """Name the holder in the lock file (called by filelock with the locked descriptor)."""
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[path] = fd
 
 
-def _names(path: Path, fd: int) -> bool:
-    """Whether ``path`` still names the file open as ``fd``."""
+def _owner(path: Path) -> str:
+    """The id of the process that holds ``path``, as it wrote it (``?`` before it has)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
-    except FileNotFoundError:
-        return False
+        return path.read_text(errors="replace").strip() or "?"
+    except OSError:
+        return "?"
 
 
 def release(run: Path, name: str = LOCK_NAME) -> None:
     """Release the lock ``name`` of ``run`` if this process holds it, and remove its file."""
     path = run.resolve() / name
-    fd = _held.pop(path, None)
-    if fd is not None:
-        if _names(path, fd):
-            path.unlink()  # while still locked: a process that opened it meanwhile sees the file is gone
-        os.close(fd)  # closing the descriptor releases its flock
+    lock = _held.pop(path, None)
+    if lock is not None:
+        with contextlib.suppress(PermissionError):  # Windows keeps an open file; filelock removes it on release there
+            path.unlink(missing_ok=True)  # while still locked: a process that locked it meanwhile sees it is gone
+        lock.release()
 
 
 def release_all() -> None:

@@ -92,6 +92,14 @@ def per_task(
     return out
 
 
+def stream_tasks(config: dict[str, Any]) -> tuple[int | None, int]:
+    """``(num_tasks, warmup_tasks)`` of a run's saved config, read off its stream (``trainer.max_epochs`` is filled
+    in from it); ``num_tasks`` is None where the config does not say."""
+    stream = ((config.get("data") or {}).get("stream") or {}).get("init_args") or {}
+    tasks = stream.get("num_tasks")
+    return (int(tasks) if tasks is not None else None), int(stream.get("warmup_tasks") or 0)
+
+
 def _trial_dirs(suite_dir: Path, order: Sequence[str]) -> dict[str, list[tuple[int, Path]]]:
     found: dict[str, list[tuple[int, Path]]] = {}
     for d in sorted(suite_dir.glob("*/seed_*")):
@@ -114,8 +122,8 @@ def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, 
             config = yaml.safe_load((d / "config.yaml").read_text()) if (d / "config.yaml").exists() else {}
             scalars = read_scalars(d)
             logged = max(scalars.get("epoch", {0: 0}).values()) + 1
-            warmup = int(config.get("data", {}).get("stream", {}).get("init_args", {}).get("warmup_tasks") or 0)
-            evaluated = int(config.get("trainer", {}).get("max_epochs") or logged) - warmup
+            tasks, warmup = stream_tasks(config)
+            evaluated = (tasks or logged) - warmup
             if exp is None:
                 logged_acc = metric_key(EvalSlot("forward"), "acc") in scalars or online_key("acc") in scalars
                 metric = "acc" if logged_acc else "mse"

@@ -36,12 +36,10 @@ _STOP_CODES = (143, 130, -signal.SIGTERM, -signal.SIGINT)  # a fit stopped by SI
 
 def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
     """(last task the events reached, number of tasks the run's config asks for); None where unknown."""
-    from cl_lightning.study.report import read_scalars
+    from cl_lightning.study.report import read_scalars, stream_tasks
 
-    wanted = None
     config = log_dir / "config.yaml"
-    if config.exists():
-        wanted = (yaml.safe_load(config.read_text()) or {}).get("trainer", {}).get("max_epochs")
+    wanted = stream_tasks(yaml.safe_load(config.read_text()) or {})[0] if config.exists() else None
     epochs = read_scalars(log_dir, tags=("epoch",)).get("epoch", {})
     return (int(max(epochs.values())) if epochs else None), wanted
 
