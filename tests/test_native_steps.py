@@ -15,7 +15,7 @@ from test_scr_steps import _args, _checkpoint_each_task
 from torch import nn
 
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, fused_steps, native
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
+from cl_lightning.nn.flat_adam import AdamHyperparameters, FlatAdam, FlatAdamGnT
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -285,3 +285,19 @@ def test_what_the_kernel_does_not_implement_keeps_the_torch_steps(
         f"{type(cli.model).__name__}: no native step kernel ({reason}); torch fused steps"
     ]
     assert cli.trainer.global_step > 0
+
+
+@pytest.mark.parametrize(
+    ("opt_cls", "flat_cls", "adam", "expected"),
+    [
+        (torch.optim.Adam, FlatAdam, {"lr": 1e-3, "betas": (0.8, 0.99)}, (1e-3, 0.8, 0.99, 0.0, 1e-8, False, None)),
+        (torch.optim.AdamW, FlatAdam, {"lr": 1e-3, "weight_decay": 0.1}, (1e-3, 0.9, 0.999, 0.1, 1e-8, True, None)),
+        (AdamGnT, FlatAdamGnT, {"lr": 1e-4, "eps": 1e-6}, (1e-4, 0.9, 0.999, 0.0, 1e-6, False, "corrected")),
+        (AdamGnT, FlatAdamGnT, {"update_rule": "reference"}, (1e-3, 0.9, 0.999, 0.0, 1e-8, False, "reference")),
+    ],
+    ids=["adam", "adamw", "adamgnt", "adamgnt-reference"],
+)
+def test_flat_optimisers_name_their_hyperparameters(opt_cls, flat_cls, adam, expected) -> None:
+    net = MLP(20, 1, [4])
+    flat = flat_cls().bind(opt_cls(net.parameters(), **adam), list(net.parameters()))
+    assert flat.hyperparameters == AdamHyperparameters(*expected)
