@@ -4,6 +4,7 @@ and refused clearly where they do not apply."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 from collections.abc import Iterator
 from functools import partial
@@ -15,7 +16,7 @@ from test_scr_steps import _args, _checkpoint_each_task
 from torch import nn
 
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, fused_steps, native
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
+from cl_lightning.nn.flat_adam import AdamHyperparameters, FlatAdam, FlatAdamGnT
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -285,3 +286,57 @@ def test_what_the_kernel_does_not_implement_keeps_the_torch_steps(
         f"{type(cli.model).__name__}: no native step kernel ({reason}); torch fused steps"
     ]
     assert cli.trainer.global_step > 0
+
+
+def test_the_kernels_arguments_are_checked_field_by_field(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each kernel's argument struct is compared with the C side's table on loading: a field out of place on the
+    Python side (here ``grad`` and ``flat`` swapped) is a load error naming it, not memory corruption."""
+    native._check_layouts(native.library(), native._SOURCE)  # as shipped: every struct agrees
+
+    class Swapped(ctypes.Structure):
+        _fields_ = [native._MlpArgs._fields_[1], native._MlpArgs._fields_[0], *native._MlpArgs._fields_[2:]]
+
+    monkeypatch.setitem(native._KERNELS, "mlp_mse_adam", Swapped)
+    with pytest.raises(native.NativeUnavailableError, match=r"mlp_mse_adam's arguments differ .* field 0 .*'flat'"):
+        native._check_layouts(native.library(), native._SOURCE)
+
+
+def test_the_shape_specialised_attention_kernel_equals_the_generic_one_bit_for_bit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The attention kernel built for the SCR scorer's shape (its widths compile-time constants) and the generic
+    build: the same operations in the same order, the same numbers."""
+    specialised = _attention("native", 0, 300, supports=20)
+    monkeypatch.setattr(native, "_attention_library", lambda *shape: native.library())
+    generic = _attention("native", 0, 300, supports=20)
+    for a, b in zip(specialised, generic, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    ("opt_cls", "flat_cls", "adam", "expected"),
+    [
+        (torch.optim.Adam, FlatAdam, {"lr": 1e-3, "betas": (0.8, 0.99)}, (1e-3, 0.8, 0.99, 0.0, 1e-8, False, None)),
+        (torch.optim.AdamW, FlatAdam, {"lr": 1e-3, "weight_decay": 0.1}, (1e-3, 0.9, 0.999, 0.1, 1e-8, True, None)),
+        (AdamGnT, FlatAdamGnT, {"lr": 1e-4, "eps": 1e-6}, (1e-4, 0.9, 0.999, 0.0, 1e-6, False, "corrected")),
+        (AdamGnT, FlatAdamGnT, {"update_rule": "reference"}, (1e-3, 0.9, 0.999, 0.0, 1e-8, False, "reference")),
+    ],
+    ids=["adam", "adamw", "adamgnt", "adamgnt-reference"],
+)
+def test_flat_optimisers_name_their_hyperparameters(opt_cls, flat_cls, adam, expected) -> None:
+    net = MLP(20, 1, [4])
+    flat = flat_cls().bind(opt_cls(net.parameters(), **adam), list(net.parameters()))
+    assert flat.hyperparameters == AdamHyperparameters(*expected)
+
+
+def test_the_interface_benchmark_builds_from_a_clean_cache_and_times_the_kernels(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``benchmarks/native_interface.py`` (ctypes rows: the torch extension's build takes a minute)."""
+    from benchmarks import native_interface
+
+    monkeypatch.setattr("sys.argv", ["native_interface"])
+    result = native_interface.main(["--small", "--no-cpp", "--threads", "1"])
+    assert set(result["build"]) == {"ctypes"}
+    assert result["build"]["ctypes"][0]["wall"] > 0
+    assert set(result["us_per_step"]) == {f"{net} T={t} ctypes" for net in ("bp", "qoa") for t in (1000, 1)}

@@ -5,7 +5,9 @@
   it is fused, else its single-tensor formulas once on the flat tensors;
 - :class:`FlatAdamGnT`: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (a step count per element, both update rules),
   its formulas once on the flat tensors;
-- :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either).
+- :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either);
+- :class:`AdamHyperparameters`: what either is bound to (their ``hyperparameters``), for code that runs the update
+  itself (:mod:`cl_lightning.nn.native`).
 
 The optimiser's own per-parameter state is kept as views of flat state tensors, so saving, loading and stepping the
 optimiser on its own work unchanged, and :meth:`AdamGnT.reset_state <cl_lightning.nn.adam_gnt.AdamGnT.reset_state>`
@@ -18,6 +20,8 @@ loop, as the tests check) runs once on the flat tensors.
 """
 
 from __future__ import annotations
+
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +55,19 @@ def adam_refusal(optimizer: torch.optim.Optimizer | None, params: list[nn.Parame
     if len({(p.device, p.dtype) for p in params}) != 1 or not params[0].dtype.is_floating_point:
         return "the parameters are not of one device and float dtype"
     return None
+
+
+class AdamHyperparameters(NamedTuple):
+    """The hyper-parameters a :class:`FlatAdam` or :class:`FlatAdamGnT` was last bound to (its
+    ``hyperparameters``)."""
+
+    lr: float
+    beta1: float
+    beta2: float
+    weight_decay: float
+    eps: float
+    decoupled: bool = False  # AdamW: decay the parameters, not the gradient (FlatAdam)
+    update_rule: Literal["corrected", "reference"] | None = None  # AdamGnT's (FlatAdamGnT); None for Adam
 
 
 class _FlatState:
@@ -152,6 +169,12 @@ class FlatAdam(_FlatState):
         )
         return self
 
+    @property
+    def hyperparameters(self) -> AdamHyperparameters:
+        """The bound optimiser's hyper-parameters (Adam, or AdamW when ``decoupled``)."""
+        h = self._hyper
+        return AdamHyperparameters(h["lr"], h["beta1"], h["beta2"], h["weight_decay"], h["eps"], self._decoupled)
+
     def counts(self, steps: int) -> list[Tensor] | list[int]:
         """The step numbers of the next ``steps`` updates (0-d tensors for the fused kernel, made in one operation;
         host integers for the unfused formulas); the count itself advances by ``steps``."""
@@ -239,6 +262,12 @@ class FlatAdamGnT(_FlatState):
         self._operands = tuple(scalar_operand(c, self.flat) for c in (*group["betas"], group["eps"], 1.0))
         self._rule = optimizer.update_rule
         return self
+
+    @property
+    def hyperparameters(self) -> AdamHyperparameters:
+        """The bound optimiser's hyper-parameters and update rule (``"corrected"`` or ``"reference"``)."""
+        lr, beta1, beta2, decay, eps = self._hyper
+        return AdamHyperparameters(lr, beta1, beta2, decay, eps, update_rule=self._rule)
 
     def counts(self, steps: int) -> list[None]:
         """Nothing to number: every element keeps its own step count."""

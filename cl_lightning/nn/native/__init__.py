@@ -22,21 +22,32 @@ every number to float32 rounding); over thousands of steps the trajectories drif
 would (and CBP may, at a near tie of two utilities, replace another unit), so a run made with one kernel is not bit
 for bit a run made with the other. That is why the torch path stays the default.
 
+The kernels' interface is typed: each takes one struct of named fields (``steps.h``'s ``*_FIELDS`` lists), mirrored
+here once as a :class:`ctypes.Structure`; on loading the library every field's name, offset, size and kind is
+compared with the table the C code exports (``<kernel>_layout``), so an edit on one side only raises
+:class:`NativeUnavailableError` naming the field instead of corrupting memory. Shapes are fields too; the attention
+kernel is also built once per shape it is called with (its widths compile-time constants: the same operations in the
+same order as the generic code, whose QOA step on the SCR scorer takes 1.2–1.5× as long: ``docs/results/scr_speed.md``).
+
 The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) into
-``$XDG_CACHE_HOME/cl_lightning/native`` (``~/.cache`` by default), one file per source, flags and CPU, written
-atomically (concurrent trials may build it at once). Where no compiler works, :func:`library` says why and the
-learner raises.
+``$XDG_CACHE_HOME/cl_lightning/native`` (``~/.cache`` by default), one file per source, compiler (its version),
+flags and CPU, written atomically (concurrent trials may build it at once). ``-march=native`` is used only where the
+CPU can be named (``/proc/cpuinfo``'s model and instruction-set flags: Linux on x86), so a cache shared between
+machines never loads a binary built for another CPU; elsewhere the build is portable. Tested on Linux x86_64 with
+gcc only. Where no compiler works, :func:`library` says why and the learner raises.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+import weakref
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
@@ -47,40 +58,162 @@ from torch import Tensor, nn
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer
 from cl_lightning.nn.gnt import GenerateAndTest
 
-__all__ = ["attention_mse_steps", "cbp_mse_steps", "library", "mlp_mse_steps", "refusal"]
+__all__ = [
+    "NativeUnavailableError",
+    "attention_mse_steps",
+    "available",
+    "cbp_mse_steps",
+    "library",
+    "mlp_mse_steps",
+    "refusal",
+]
 
 _SOURCE = Path(__file__).with_name("steps.c")
+_HEADER = _SOURCE.with_name("steps.h")  # the argument structs, included by steps.c
 # -ffp-contract=off: no fused multiply-adds, so the numbers do not depend on the CPU's instruction set; no
 # -ffast-math: sums keep their order; -fno-math-errno lets sqrtf vectorise (its result is IEEE's either way).
-_FLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
-_I64, _F32P, _DBL = ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.c_double
-_I64P, _PTRS = ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_void_p)
-_HEAD = [_F32P, _F32P, _F32P, _F32P, _I64, _I64, _I64P, _I64P, _I64P]  # flat, grad, moments, numel, layers, offsets
-_ADAM = [_DBL, _DBL, _DBL, _DBL, _DBL, ctypes.c_int]  # lr, β1, β2, ε, weight decay, decoupled
+_FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared"]
 
 
 class NativeUnavailableError(RuntimeError):
     """The C library could not be built or loaded (the message says why)."""
 
 
-def _cpu_tag() -> str:
-    """What ``-march=native`` depends on: the CPU's model and flags (a shared cache may serve several machines)."""
+# ---- The kernels' arguments: steps.h's *_FIELDS lists, mirrored once; checked against them at load time ----
+
+
+class _FloatPtr(ctypes.c_void_p):
+    """``float *`` (kind ``f``); fields take an address (``Tensor.data_ptr()``)."""
+
+
+class _Int64Ptr(ctypes.c_void_p):
+    """``int64_t *`` (kind ``Q``)."""
+
+
+class _PtrArray(ctypes.c_void_p):
+    """A pointer to an array of pointers, one per hidden layer (kind ``P``)."""
+
+
+_KIND = {_FloatPtr: "f", _Int64Ptr: "Q", _PtrArray: "P", ctypes.c_int64: "q", ctypes.c_double: "d"}
+_I64, _DBL = ctypes.c_int64, ctypes.c_double
+_NET = [  # NET_FIELDS
+    ("flat", _FloatPtr), ("grad", _FloatPtr), ("exp_avg", _FloatPtr), ("exp_avg_sq", _FloatPtr), ("numel", _I64),
+    ("layers", _I64), ("sizes", _Int64Ptr), ("w_off", _Int64Ptr), ("b_off", _Int64Ptr),
+]  # fmt: skip
+_ADAM = [  # ADAM_FIELDS
+    ("first_step", _DBL), ("lr", _DBL), ("beta1", _DBL), ("beta2", _DBL), ("eps", _DBL), ("weight_decay", _DBL),
+    ("decoupled", _I64),
+]  # fmt: skip
+_DATA = [("xs", _FloatPtr), ("ys", _FloatPtr), ("preds", _FloatPtr), ("steps", _I64), ("batch", _I64)]
+
+
+class _MlpArgs(ctypes.Structure):
+    """``mlp_args`` (MLP_FIELDS): the MLP's steps with Adam."""
+
+    _fields_ = [*_NET, *_ADAM, *_DATA]
+
+
+class _AttentionArgs(ctypes.Structure):
+    """``attention_args`` (ATTENTION_FIELDS): query-only attention's steps along a window, with Adam."""
+
+    _fields_ = [
+        *_NET, *_ADAM, ("window_x", _FloatPtr), ("window_y", _FloatPtr), ("d", _I64), ("k", _I64),
+        ("support", _I64), ("preds", _FloatPtr), ("steps", _I64),
+    ]  # fmt: skip
+
+
+class _GntArgs(ctypes.Structure):
+    """``gnt_args`` (GNT_FIELDS): Continual Backprop's steps (AdamGnT, generate-and-test's test)."""
+
+    _fields_ = [
+        *_NET, ("element_step", _FloatPtr), *_DATA, ("lr", _DBL), ("beta1", _DBL), ("beta2", _DBL), ("eps", _DBL),
+        ("weight_decay", _DBL), ("reference", _I64), ("test", _I64), ("decay_rate", _DBL), ("adaptable", _I64),
+        ("util", _PtrArray), ("bc_util", _PtrArray), ("mean_act", _PtrArray), ("age", _PtrArray),
+    ]  # fmt: skip
+
+
+_KERNELS = {"mlp_mse_adam": _MlpArgs, "attention_mse_adam": _AttentionArgs, "mlp_mse_adam_gnt": _GntArgs}
+
+
+class _FieldLayout(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("offset", _I64), ("size", _I64), ("kind", _I64)]
+
+
+class _StructLayout(ctypes.Structure):
+    _fields_ = [("size", _I64), ("count", _I64), ("fields", ctypes.POINTER(_FieldLayout))]
+
+
+def _python_layout(args: type[ctypes.Structure]) -> list[tuple[str, int, int, str]]:
+    """(name, offset, size, kind) of each field of ``args``, as ``steps.c``'s tables give them."""
+    return [(name, getattr(args, name).offset, getattr(args, name).size, _KIND[kind]) for name, kind in args._fields_]
+
+
+def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
+    """Every kernel's argument struct as compiled (``<kernel>_layout``) against its :class:`ctypes.Structure`:
+    :class:`NativeUnavailableError` naming the first field that differs."""
+    for kernel, args in _KERNELS.items():
+        try:
+            table = _StructLayout.in_dll(lib, f"{kernel}_layout")
+        except ValueError as error:  # a library without the table: not built from this steps.c
+            raise NativeUnavailableError(f"{path.name} as built exports no {kernel}_layout: {error}") from error
+        compiled = [(f.name.decode(), f.offset, f.size, chr(f.kind)) for f in table.fields[: table.count]]
+        mirrored = _python_layout(args)
+        if compiled != mirrored or table.size != ctypes.sizeof(args):
+            pairs = itertools.zip_longest(compiled, mirrored, fillvalue="nothing")
+            first, (c, m) = next(((i, pair) for i, pair in enumerate(pairs) if pair[0] != pair[1]), (-1, ("", "")))
+            raise NativeUnavailableError(
+                f"{kernel}'s arguments differ between {path.name} and {Path(__file__).name}: "
+                + (f"field {first} (name, offset, size, kind) is {c} in C, {m} in Python" if first >= 0 else "")
+                + f"; the struct is {table.size} bytes in C, {ctypes.sizeof(args)} in Python"
+            )
+        fn = getattr(lib, kernel)
+        fn.argtypes, fn.restype = [ctypes.POINTER(args)], ctypes.c_int
+
+
+# ---- Building and loading ----
+
+
+def _cpu_tag() -> str | None:
+    """What ``-march=native`` depends on: the CPU's model and instruction-set flags (a shared cache may serve several
+    machines); ``None`` where ``/proc/cpuinfo`` does not name them (then the build is portable)."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return platform.machine() + platform.processor()
-    return "\n".join(next((line for line in lines if line.startswith(key)), "") for key in ("model name", "flags"))
+        return None
+    found = [
+        next((line for line in lines if line.split(":")[0].strip() == key), None) for key in ("model name", "flags")
+    ]
+    return None if None in found else "\n".join(found)
 
 
-@cache
-def library() -> ctypes.CDLL:
-    """The compiled kernels, built on first use (see the module docstring); :class:`NativeUnavailableError` if they
-    cannot be."""
+def _compiler() -> str:
+    """The C compiler (``$CC``, else ``cc``): :class:`NativeUnavailableError` when it is not on PATH."""
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
-        raise NativeUnavailableError(f"no C compiler: {compiler!r} is not on PATH (set CC)")
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join([compiler, *_FLAGS]).encode(), _cpu_tag().encode()]))
+        raise NativeUnavailableError(
+            f"step_kernel=native: no C compiler: {compiler!r} is not on PATH "
+            "(install one, e.g. apt install gcc, or set CC)"
+        )
+    return compiler
+
+
+def _load(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """``steps.c`` built with ``defines`` (``-D`` flags), from the cache or compiled into it, loaded and checked."""
+    compiler = _compiler()
+    cpu = _cpu_tag()
+    flags = [*_FLAGS, *(["-march=native"] if cpu else []), *defines]
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256(
+        b"\0".join(
+            [
+                _SOURCE.read_bytes(),
+                _HEADER.read_bytes(),
+                " ".join([compiler, *flags]).encode(),
+                version.encode(),
+                (cpu or platform.machine()).encode(),
+            ]
+        )
+    )
     cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cl_lightning" / "native"
     target = cache_root / f"steps-{key.hexdigest()[:16]}.so"
     if not target.exists():
@@ -88,22 +221,32 @@ def library() -> ctypes.CDLL:
         with tempfile.TemporaryDirectory(dir=cache_root) as tmp:
             built = Path(tmp) / "steps.so"
             done = subprocess.run(
-                [compiler, *_FLAGS, "-o", str(built), str(_SOURCE), "-lm"], capture_output=True, text=True
+                [compiler, *flags, "-o", str(built), str(_SOURCE), "-lm"], capture_output=True, text=True
             )
             if done.returncode != 0:
                 raise NativeUnavailableError(f"{compiler} failed to build {_SOURCE.name}:\n{done.stderr.strip()}")
             os.replace(built, target)  # atomic: a concurrent build leaves one complete file
     try:
         lib = ctypes.CDLL(str(target))
-    except OSError as error:  # built elsewhere for another CPU, or a broken file
+    except OSError as error:  # a broken file
         raise NativeUnavailableError(f"cannot load {target}: {error}") from error
-    lib.mlp_mse_adam.argtypes = [*_HEAD, _F32P, _F32P, _F32P, _I64, _I64, _DBL, *_ADAM]
-    lib.attention_mse_adam.argtypes = [*_HEAD, _F32P, _F32P, _I64, _I64, _I64, _F32P, _I64, _DBL, *_ADAM]
-    gnt = [ctypes.c_int, _DBL, ctypes.c_int, _PTRS, _PTRS, _PTRS, _PTRS]  # test, η, adaptable, the buffers per layer
-    lib.mlp_mse_adam_gnt.argtypes = [*_HEAD, _F32P, _F32P, _F32P, _F32P, _I64, _I64, *_ADAM, *gnt]
-    for fn in (lib.mlp_mse_adam, lib.attention_mse_adam, lib.mlp_mse_adam_gnt):
-        fn.restype = ctypes.c_int
+    _check_layouts(lib, _SOURCE)
     return lib
+
+
+@cache
+def library() -> ctypes.CDLL:
+    """The compiled kernels, built on first use (see the module docstring); :class:`NativeUnavailableError` if they
+    cannot be."""
+    return _load()
+
+
+@cache
+def _attention_library(d: int, width: int, k: int) -> ctypes.CDLL:
+    """The kernels built with the attention scorer's shape (``d`` inputs, ``width`` first-layer units, ``k`` outputs)
+    as constants: one library per shape, built on its first call."""
+    library()  # the generic build first: a missing compiler is said once, as there
+    return _load((f"-DATTENTION_D={d}", f"-DATTENTION_H0={width}", f"-DATTENTION_K={k}"))
 
 
 def available() -> bool:
@@ -127,48 +270,54 @@ def refusal(adam: FlatOptimizer | None, kind: type[FlatOptimizer] = FlatAdam) ->
     return None
 
 
-def _ptr(t: Tensor, kind: type = _F32P) -> ctypes._Pointer:
-    return ctypes.cast(t.data_ptr(), kind)
+_LAYOUTS: weakref.WeakKeyDictionary[FlatOptimizer, tuple] = weakref.WeakKeyDictionary()
 
 
 def _layout(adam: FlatOptimizer, layers: list[nn.Linear], sizes: list[int]) -> tuple[Tensor, Tensor, Tensor]:
-    """``layers``' widths and the offsets of their weights and biases in ``adam``'s flat tensors (int64)."""
+    """``layers``' widths and the offsets of their weights and biases in ``adam``'s flat tensors (int64); made once
+    per binding (the same tensors while ``adam`` keeps its offsets and the layers their parameters: making three
+    small tensors costs more than a one-step kernel call)."""
+    params = [p for layer in layers for p in (layer.weight, layer.bias)]
+    cached = _LAYOUTS.get(adam)
+    if cached is not None:
+        offsets_then, sizes_then, params_then, layout = cached
+        same = len(params_then) == len(params) and all(a is b for a, b in zip(params_then, params, strict=False))
+        if offsets_then is adam._offsets and sizes_then == sizes and same:
+            return layout
     index = {id(p): i for i, p in enumerate(adam.params)}
     offsets = adam._offsets
     w_off = torch.tensor([offsets[index[id(layer.weight)]] for layer in layers], dtype=torch.int64)
     b_off = torch.tensor([offsets[index[id(layer.bias)]] for layer in layers], dtype=torch.int64)
-    return torch.tensor(sizes, dtype=torch.int64), w_off, b_off
+    layout = torch.tensor(sizes, dtype=torch.int64), w_off, b_off
+    _LAYOUTS[adam] = (offsets, list(sizes), params, layout)
+    return layout
 
 
-def _head(adam: FlatOptimizer, layout: tuple[Tensor, Tensor, Tensor], depth: int) -> tuple[object, ...]:
-    """The kernels' first arguments: ``adam``'s flat tensors, the layer count and the layout (:func:`_layout`)."""
+def _net(adam: FlatOptimizer, layout: tuple[Tensor, Tensor, Tensor], depth: int) -> dict[str, int]:
+    """The NET_FIELDS: ``adam``'s flat tensors, the layer count and the layout (:func:`_layout`, which the caller
+    keeps alive while the kernel runs)."""
     m, v = adam.moments["exp_avg"], adam.moments["exp_avg_sq"]
-    sizes, w_off, b_off = (_ptr(t, _I64P) for t in layout)
-    return _ptr(adam.flat), _ptr(adam.grad), _ptr(m), _ptr(v), adam.flat.numel(), depth, sizes, w_off, b_off
+    sizes, w_off, b_off = (t.data_ptr() for t in layout)
+    return {
+        "flat": adam.flat.data_ptr(), "grad": adam.grad.data_ptr(), "exp_avg": m.data_ptr(),
+        "exp_avg_sq": v.data_ptr(), "numel": adam.flat.numel(), "layers": depth, "sizes": sizes, "w_off": w_off,
+        "b_off": b_off,
+    }  # fmt: skip
+
+
+def _adam(adam: FlatAdam, steps: int) -> dict[str, float | int]:
+    """The ADAM_FIELDS for ``steps`` steps numbered from the count ``adam`` holds (which advances by ``steps``)."""
+    h = adam.hyperparameters
+    first = float(adam.advance(steps))
+    return {
+        "first_step": first, "lr": h.lr, "beta1": h.beta1, "beta2": h.beta2, "eps": h.eps,
+        "weight_decay": h.weight_decay, "decoupled": int(h.decoupled),
+    }  # fmt: skip
 
 
 def _check(status: int) -> None:
     if status != 0:
         raise MemoryError("the native step kernel could not allocate its scratch memory")
-
-
-def _call(
-    fn: ctypes._CFuncPtr,
-    adam: FlatAdam,
-    layers: list[nn.Linear],
-    depth: int,
-    steps: int,
-    sizes: list[int],
-    *data: object,
-) -> None:
-    """Call ``fn`` on ``adam``'s flat tensors and ``layers``' offsets in them (``depth``: the kernel's layer count),
-    for ``steps`` steps numbered from the count ``adam`` holds (which advances by ``steps``), with the
-    kernel-specific ``data`` in between."""
-    layout = _layout(adam, layers, sizes)
-    first = float(adam.advance(steps))
-    hyper = adam._hyper
-    adam_args = (hyper["lr"], hyper["beta1"], hyper["beta2"], hyper["eps"], hyper["weight_decay"])
-    _check(fn(*_head(adam, layout, depth), *data, first, *adam_args, int(adam._decoupled)))
 
 
 @torch.no_grad()
@@ -178,10 +327,12 @@ def mlp_mse_steps(layers: list[nn.Linear], adam: FlatAdam, xs: Tensor, ys: Tenso
     steps, batch, _ = xs.shape
     xs, ys = xs.contiguous().float(), ys.contiguous().float()
     preds = xs.new_empty(steps, batch, ys.shape[2])
-    sizes = [layers[0].in_features, *(layer.out_features for layer in layers)]
-    _call(
-        library().mlp_mse_adam, adam, layers, len(layers), steps, sizes, _ptr(xs), _ptr(ys), _ptr(preds), steps, batch
-    )
+    layout = _layout(adam, layers, [layers[0].in_features, *(layer.out_features for layer in layers)])
+    args = _MlpArgs(
+        **_net(adam, layout, len(layers)), **_adam(adam, steps),
+        xs=xs.data_ptr(), ys=ys.data_ptr(), preds=preds.data_ptr(), steps=steps, batch=batch,
+    )  # fmt: skip
+    _check(library().mlp_mse_adam(ctypes.byref(args)))
     return preds
 
 
@@ -195,9 +346,12 @@ def attention_mse_steps(
     steps = rows - support_size
     window_x, window_y = window_x.contiguous().float(), window_y.contiguous().float()
     preds = window_x.new_empty(steps, 1, k)
-    sizes = [first.out_features, *(layer.out_features for layer in layers)]
-    data = (_ptr(window_x), _ptr(window_y), d, k, support_size, _ptr(preds), steps)
-    _call(library().attention_mse_adam, adam, [first, *layers], len(layers), steps, sizes, *data)
+    layout = _layout(adam, [first, *layers], [first.out_features, *(layer.out_features for layer in layers)])
+    args = _AttentionArgs(
+        **_net(adam, layout, len(layers)), **_adam(adam, steps), window_x=window_x.data_ptr(),
+        window_y=window_y.data_ptr(), d=d, k=k, support=support_size, preds=preds.data_ptr(), steps=steps,
+    )  # fmt: skip
+    _check(_attention_library(d, first.out_features, k).attention_mse_adam(ctypes.byref(args)))
     return preds
 
 
@@ -224,22 +378,31 @@ def cbp_mse_steps(
     steps, batch, _ = xs.shape
     xs, ys = xs.contiguous().float(), ys.contiguous().float()
     preds = xs.new_empty(steps, batch, ys.shape[2])
-    sizes = [layers[0].in_features, *(layer.out_features for layer in layers)]
-    layout = _layout(adam, layers, sizes)  # kept alive while the kernel reads it
-    lr, beta1, beta2, decay, eps = adam._hyper
-    buffers = [  # per hidden layer: data pointers of the test's buffers
-        (ctypes.c_void_p * gnt.num_layers)(*(gnt.buffer(name, i).data_ptr() for i in range(gnt.num_layers)))
-        for name in ("util", "bias_corrected_util", "mean_act", "age")
-    ]
-    fixed = (lr, beta1, beta2, eps, decay, int(adam._rule == "reference"), int(gnt.replacement_rate > 0))
-    fixed += (gnt.decay_rate, int(gnt.utility == "adaptable_contribution"), *buffers)
-    head = (*_head(adam, layout, len(layers)), _ptr(adam.moments["element_step"]))
+    layout = _layout(adam, layers, [layers[0].in_features, *(layer.out_features for layer in layers)])
+    h = adam.hyperparameters
+    buffers = {  # per hidden layer: data pointers of the test's buffers (kept alive with `args`)
+        field: (ctypes.c_void_p * gnt.num_layers)(*(gnt.buffer(name, i).data_ptr() for i in range(gnt.num_layers)))
+        for field, name in (
+            ("util", "util"),
+            ("bc_util", "bias_corrected_util"),
+            ("mean_act", "mean_act"),
+            ("age", "age"),
+        )
+    }
+    args = _GntArgs(
+        **_net(adam, layout, len(layers)), element_step=adam.moments["element_step"].data_ptr(), batch=batch,
+        lr=h.lr, beta1=h.beta1, beta2=h.beta2, eps=h.eps, weight_decay=h.weight_decay,
+        reference=int(h.update_rule == "reference"), test=int(gnt.replacement_rate > 0), decay_rate=gnt.decay_rate,
+        adaptable=int(gnt.utility == "adaptable_contribution"),
+        **{field: ctypes.addressof(array) for field, array in buffers.items()},
+    )  # fmt: skip
     row_x, row_y = batch * xs.shape[2], batch * ys.shape[2]  # floats per step
 
     def run(start: int, stop: int) -> None:  # steps start..stop-1 in C
         if stop > start:
-            data = (_offset(xs, start * row_x), _offset(ys, start * row_y), _offset(preds, start * row_y))
-            _check(library().mlp_mse_adam_gnt(*head, *data, stop - start, batch, *fixed))
+            args.xs, args.ys = _offset(xs, start * row_x), _offset(ys, start * row_y)
+            args.preds, args.steps = _offset(preds, start * row_y), stop - start
+            _check(library().mlp_mse_adam_gnt(ctypes.byref(args)))
 
     done = 0
     events = [] if gnt.replacement_rate == 0 else [(t, gnt.next_counts(None)) for t in range(steps)]
@@ -253,6 +416,6 @@ def cbp_mse_steps(
     return preds
 
 
-def _offset(t: Tensor, elements: int) -> ctypes._Pointer:
-    """A float pointer ``elements`` into a contiguous float32 tensor."""
-    return ctypes.cast(t.data_ptr() + 4 * elements, _F32P)
+def _offset(t: Tensor, elements: int) -> int:
+    """The address ``elements`` into a contiguous float32 tensor."""
+    return t.data_ptr() + 4 * elements

@@ -8,9 +8,42 @@
  * the torch path to float32 rounding per step, not bit for bit.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "steps.h"
+
+/* ---- Each argument struct's layout (steps.h's field lists), exported for the Python side's check ---- */
+
+/* A field's kind as the Python side names it: f float pointer, Q int64 pointer, P pointer to pointers, q int64,
+ * d double (_Generic: from the declared type itself, so a field's type cannot change without the table seeing it). */
+#define KIND(expr)                                                                                                   \
+    _Generic((expr), float *: 'f', const float *: 'f', int64_t *: 'Q', const int64_t *: 'Q', float *const *: 'P',   \
+             int64_t *const *: 'P', int64_t: 'q', double: 'd')
+typedef struct {
+    const char *name;
+    int64_t offset, size, kind;
+} field_layout;
+typedef struct {
+    int64_t size, count; /* sizeof the struct, its number of fields */
+    const field_layout *fields;
+} struct_layout;
+#define DESCRIBE(type, name) {#name, offsetof(ARGS, name), sizeof(((ARGS *)0)->name), KIND(((ARGS *)0)->name)},
+#define LAYOUT(kernel, fields)                                                                                       \
+    static const field_layout kernel##_fields[] = {fields(DESCRIBE)};                                                \
+    const struct_layout kernel##_layout = {sizeof(ARGS), sizeof(kernel##_fields) / sizeof(field_layout),            \
+                                           kernel##_fields};
+#define ARGS mlp_args
+LAYOUT(mlp_mse_adam, MLP_FIELDS)
+#undef ARGS
+#define ARGS attention_args
+LAYOUT(attention_mse_adam, ATTENTION_FIELDS)
+#undef ARGS
+#define ARGS gnt_args
+LAYOUT(mlp_mse_adam_gnt, GNT_FIELDS)
+#undef ARGS
 
 typedef struct {
     double lr, beta1, beta2, eps, weight_decay;
@@ -132,18 +165,17 @@ static void mlp_mse_grad(const float *flat, float *grad, int64_t layers, const i
 /* MLP (ReLU between layers, linear output) on T chunks of B points: predict chunk t (preds, (T, B, k)), then one
  * Adam step on its MSE. Layer l: weight (sizes[l+1], sizes[l]) at flat + w_off[l], bias at flat + b_off[l]; the
  * same offsets index grad, exp_avg and exp_avg_sq. Returns 0, or -1 when scratch memory cannot be had. */
-int mlp_mse_adam(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
-                 const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *xs, const float *ys,
-                 float *preds, int64_t steps, int64_t batch, double first_step, double lr, double beta1, double beta2,
-                 double eps, double weight_decay, int decoupled) {
-    const adam_hyper hyper = {lr, beta1, beta2, eps, weight_decay, decoupled};
+int mlp_mse_adam(const mlp_args *a) {
+    float *flat = a->flat, *grad = a->grad, *preds = a->preds;
+    const int64_t layers = a->layers, *sizes = a->sizes, *w_off = a->w_off, *b_off = a->b_off, batch = a->batch;
+    const adam_hyper hyper = {a->lr, a->beta1, a->beta2, a->eps, a->weight_decay, (int)a->decoupled};
     mlp_scratch scratch;
     if (mlp_scratch_alloc(&scratch, layers, sizes, batch)) return -1;
     const int64_t d = sizes[0], k = sizes[layers];
-    for (int64_t t = 0; t < steps; t++) {
-        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, xs + t * batch * d, ys + t * batch * k,
+    for (int64_t t = 0; t < a->steps; t++) {
+        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, a->xs + t * batch * d, a->ys + t * batch * k,
                      preds + t * batch * k, batch, &scratch);
-        adam_update(flat, grad, exp_avg, exp_avg_sq, numel, &hyper, first_step + (double)t);
+        adam_update(flat, grad, a->exp_avg, a->exp_avg_sq, a->numel, &hyper, a->first_step + (double)t);
     }
     free(scratch.a);
     return 0;
@@ -247,32 +279,32 @@ static void gnt_test(const float *hid, int64_t batch, int64_t width, const float
  * counts in element_step), then, when `test`, generate-and-test's test of every hidden layer l into its buffers
  * util[l], bc_util[l], mean_act[l] (float32) and age[l] (int64). The caller stops the kernel after a step at which
  * some layer replaces units and replaces them itself. Layout as mlp_mse_adam. Returns 0, or -1 without memory. */
-int mlp_mse_adam_gnt(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
-                     const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, float *element_step,
-                     const float *xs, const float *ys, float *preds, int64_t steps, int64_t batch, double lr,
-                     double beta1, double beta2, double eps, double weight_decay, int reference, int test,
-                     double decay_rate, int adaptable, float *const *util, float *const *bc_util,
-                     float *const *mean_act, int64_t *const *age) {
+int mlp_mse_adam_gnt(const gnt_args *a) {
+    float *flat = a->flat, *grad = a->grad, *preds = a->preds;
+    const int64_t layers = a->layers, *sizes = a->sizes, *w_off = a->w_off, *b_off = a->b_off, batch = a->batch;
+    const double lr = a->lr, beta1 = a->beta1, beta2 = a->beta2, decay_rate = a->decay_rate;
     /* the constants as torch casts them: Python floats (doubles) to float32, the weights 1 − β and 1 − η (the
      * operations' alpha / value) computed in double first */
     const adam_gnt_hyper hyper = {
-        .lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2, .eps = (float)eps,
-        .weight_decay = (float)weight_decay, .one_minus_beta1 = (float)(1.0 - beta1),
-        .one_minus_beta2 = (float)(1.0 - beta2), .reference = reference,
+        .lr = (float)lr, .beta1 = (float)beta1, .beta2 = (float)beta2, .eps = (float)a->eps,
+        .weight_decay = (float)a->weight_decay, .one_minus_beta1 = (float)(1.0 - beta1),
+        .one_minus_beta2 = (float)(1.0 - beta2), .reference = (int)a->reference,
     };
-    const gnt_hyper gh = {.eta = (float)decay_rate, .one_minus_eta = (float)(1.0 - decay_rate), .adaptable = adaptable};
+    const gnt_hyper gh = {
+        .eta = (float)decay_rate, .one_minus_eta = (float)(1.0 - decay_rate), .adaptable = (int)a->adaptable,
+    };
     mlp_scratch scratch;
     if (mlp_scratch_alloc(&scratch, layers, sizes, batch)) return -1;
     const int64_t d = sizes[0], k = sizes[layers];
-    for (int64_t t = 0; t < steps; t++) {
-        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, xs + t * batch * d, ys + t * batch * k,
+    for (int64_t t = 0; t < a->steps; t++) {
+        mlp_mse_grad(flat, grad, layers, sizes, w_off, b_off, a->xs + t * batch * d, a->ys + t * batch * k,
                      preds + t * batch * k, batch, &scratch);
-        adam_gnt_update(flat, grad, element_step, exp_avg, exp_avg_sq, numel, &hyper);
-        if (!test) continue; /* replacement rate 0: the reference returns before testing */
+        adam_gnt_update(flat, grad, a->element_step, a->exp_avg, a->exp_avg_sq, a->numel, &hyper);
+        if (!a->test) continue; /* replacement rate 0: the reference returns before testing */
         const float *hid = scratch.a + batch * d; /* layer 1's input: the first hidden layer's features */
         for (int64_t l = 0; l + 1 < layers; l++) {
-            gnt_test(hid, batch, sizes[l + 1], flat + w_off[l], sizes[l], flat + w_off[l + 1], sizes[l + 2], util[l],
-                     bc_util[l], mean_act[l], age[l], &gh);
+            gnt_test(hid, batch, sizes[l + 1], flat + w_off[l], sizes[l], flat + w_off[l + 1], sizes[l + 2],
+                     a->util[l], a->bc_util[l], a->mean_act[l], a->age[l], &gh);
             hid += batch * sizes[l + 1];
         }
     }
@@ -285,14 +317,13 @@ int mlp_mse_adam_gnt(float *flat, float *grad, float *exp_avg, float *exp_avg_sq
  * (H0, 2D) = [W_s | W_q] on [x_j, x_t], bias H0; then `layers` linear layers (ReLU after each but the last, whose
  * width is 1): scores s_j, p = softmax(s), pred = Σ_j p_j y_j (k outputs), loss mean((pred − y_t)²). sizes: H0, then
  * each later layer's width (the last 1). Returns 0, or -1 when scratch memory cannot be had. */
-static inline __attribute__((always_inline)) int attention_impl(
-                       float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
-                       const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *window_x,
-                       const float *window_y, int64_t d, int64_t k, int64_t support, float *preds, int64_t steps,
-                       double first_step, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       int decoupled, int64_t width) {
-    const adam_hyper hyper = {lr, beta1, beta2, eps, weight_decay, decoupled};
-    const int64_t s = support, h0 = width; /* sizes[0], a constant where the caller made it one */
+static inline __attribute__((always_inline)) int attention_impl(const attention_args *args, int64_t d, int64_t k,
+                                                                int64_t h0) {
+    float *flat = args->flat, *grad = args->grad, *preds = args->preds;
+    const int64_t layers = args->layers, *sizes = args->sizes, *w_off = args->w_off, *b_off = args->b_off;
+    const float *window_x = args->window_x, *window_y = args->window_y;
+    const adam_hyper hyper = {args->lr, args->beta1, args->beta2, args->eps, args->weight_decay, (int)args->decoupled};
+    const int64_t s = args->support; /* d, k, h0 (sizes[0]): constants where the caller made them so */
     int64_t acts = 0, widest = 0;
     for (int64_t l = 0; l <= layers; l++) {
         acts += s * sizes[l];
@@ -304,7 +335,7 @@ static inline __attribute__((always_inline)) int attention_impl(
     float *g_score = p + s, *g_pred = g_score + s, *ws_t = g_pred + k;
     const float *w0 = flat + w_off[0], *b0 = flat + b_off[0];
     float *gw0 = grad + w_off[0], *gb0 = grad + b_off[0];
-    for (int64_t t = 0; t < steps; t++) {
+    for (int64_t t = 0; t < args->steps; t++) {
         const float *sx = window_x + t * d, *sy = window_y + t * k;
         const float *qx = window_x + (s + t) * d, *qy = window_y + (s + t) * k;
         for (int64_t o = 0; o < h0; o++) { /* W_q x_t + b: shared by every support */
@@ -379,24 +410,20 @@ static inline __attribute__((always_inline)) int attention_impl(
         }
         for (int64_t o = 0; o < h0; o++)
             for (int64_t i = 0; i < d; i++) gw0[o * 2 * d + d + i] = gb0[o] * qx[i];
-        adam_update(flat, grad, exp_avg, exp_avg_sq, numel, &hyper, first_step + (double)t);
+        adam_update(flat, grad, args->exp_avg, args->exp_avg_sq, args->numel, &hyper, args->first_step + (double)t);
     }
     free(a);
     return 0;
 }
 
-/* The exported kernel: attention_impl with the widths of the shipped SCR scorer (20 inputs, 20 hidden units) as
- * constants, so the compiler unrolls the short inner loops (the same operations in the same order), else generic. */
-int attention_mse_adam(float *flat, float *grad, float *exp_avg, float *exp_avg_sq, int64_t numel, int64_t layers,
-                       const int64_t *sizes, const int64_t *w_off, const int64_t *b_off, const float *window_x,
-                       const float *window_y, int64_t d, int64_t k, int64_t support, float *preds, int64_t steps,
-                       double first_step, double lr, double beta1, double beta2, double eps, double weight_decay,
-                       int decoupled) {
-    if (d == 20 && sizes[0] == 20 && k == 1)
-        return attention_impl(flat, grad, exp_avg, exp_avg_sq, numel, layers, sizes, w_off, b_off, window_x,
-                              window_y, 20, 1, support, preds, steps, first_step, lr, beta1, beta2, eps, weight_decay,
-                              decoupled, 20);
-    return attention_impl(flat, grad, exp_avg, exp_avg_sq, numel, layers, sizes, w_off, b_off, window_x, window_y, d,
-                          k, support, preds, steps, first_step, lr, beta1, beta2, eps, weight_decay, decoupled,
-                          sizes[0]);
+/* The exported kernel: attention_impl, generic, or, when the library is built for one shape (-DATTENTION_D=…
+ * -DATTENTION_H0=… -DATTENTION_K=…: nn/native builds one per shape it is called with), with that shape's widths as
+ * constants for calls of that shape, so the compiler unrolls the short inner loops (the same operations in the same
+ * order: the same numbers). */
+int attention_mse_adam(const attention_args *a) {
+#if defined(ATTENTION_D) && defined(ATTENTION_H0) && defined(ATTENTION_K)
+    if (a->d == ATTENTION_D && a->sizes[0] == ATTENTION_H0 && a->k == ATTENTION_K)
+        return attention_impl(a, ATTENTION_D, ATTENTION_K, ATTENTION_H0);
+#endif
+    return attention_impl(a, a->d, a->k, a->sizes[0]);
 }
