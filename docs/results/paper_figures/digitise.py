@@ -122,7 +122,7 @@ def read(folder: Path, name: str) -> dict[str, object]:
     left, right, top, bottom = frame(img)
     ys, xs = ticks(img)
     to_value, y_err = calibrate(ys, yvals)
-    to_col, x_err = calibrate(np.array(X_TICKS, float), list(xs))  # window -> column
+    to_col, _ = calibrate(np.array(X_TICKS, float), list(xs))  # window -> column
     r0, r1, c0, c1 = legend_rows(img, left, right, top, bottom)
     out: dict[str, object] = {"y_per_pixel": float(abs(to_value(1) - to_value(0))), "tick_residual": y_err}
     for curve, colour in COLOURS.items():
