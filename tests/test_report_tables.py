@@ -180,3 +180,24 @@ def test_published_pmnist_curves_have_all_75_windows_and_the_figure_draws_them_a
     np.testing.assert_allclose(line.get_xdata(), np.arange(75) * 100 + 49.5)
     assert line.get_ydata()[0] == pytest.approx(0.35)
     assert line.get_ydata()[-1] == pytest.approx(0.867, abs=0.02)
+
+
+def test_rank_figure_draws_the_papers_figure_4_curve_beside_ours() -> None:
+    """Backprop's Hessian rank every 100 tasks over 7,500 (rising): the normalised panel has ours and the paper's
+    75-window effective rank (Figure 4) as a dashed line; without paper windows, ours only."""
+    from cl_lightning.study.report import paper_points
+    from cl_lightning.study.report_figures import rank_figure
+
+    exp = Experiment("bp", "Backprop", 7500, "acc", stream="PermutedMNIST", published="bp", backward_lag=5)
+    rank = np.full(7500, np.nan)
+    rank[::100] = np.arange(75.0)
+    exp.add(0, {"eval/forward_acc": np.full(7500, 0.8), "hessian/eff_rank": rank}, {})
+    paper = paper_points([exp], {"benchmark": "pmnist"})
+    assert paper["bp"].figures == {"effective_rank": "4 (left)"}
+    norm = rank_figure([exp], paper).axes[1]
+    labels = [line.get_label() for line in norm.lines]
+    assert labels == ["Backprop", "Backprop: paper, Fig. 4 (left) (100-task windows)"]
+    assert norm.lines[1].get_linestyle() == "--"
+    assert norm.lines[1].get_ydata()[0] == pytest.approx(1.0)
+    assert len(norm.lines[1].get_xdata()) == 75
+    assert [line.get_label() for line in rank_figure([exp]).axes[1].lines] == ["Backprop"]

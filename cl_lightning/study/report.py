@@ -154,10 +154,14 @@ def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dic
     paper, out = published_numbers(), {}
     for exp in experiments:
         spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
-        windows = paper_entry(exp, meta, paper).get("windows")
+        entry = paper_entry(exp, meta, paper)
+        windows = entry.get("windows")
         if windows is not None:
             scores = {role: windows[role] for role in ("forward", "backward") if role in windows}
-            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]))
+            rank, figures = entry.get("effective_rank") or {}, {}
+            if "windows" in rank:  # Figure 4's normalised rank at the same windows
+                scores["effective_rank"], figures["effective_rank"] = rank["windows"], str(rank["figure"])
+            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]), figures)
     return out
 
 

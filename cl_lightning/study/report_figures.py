@@ -88,7 +88,8 @@ def _paper_windows(ax: Axes, exp: Experiment, paper: PaperWindows, role: str, co
     x, mid, half = paper.points(role)
     keep = x <= xmax
     if keep.any():
-        label = f"{exp.label}: paper, Fig. {paper.figure} ({paper.window}-task windows)"
+        figure = paper.figures.get(role, paper.figure)
+        label = f"{exp.label}: paper, Fig. {figure} ({paper.window}-task windows)"
         if keep.sum() > PAPER_LINE_FROM:
             ax.plot(x[keep], mid[keep], ls="--", lw=1.2, color=colour, alpha=0.9, label=label)
         else:
@@ -150,8 +151,9 @@ def curves_figure(
     return fig
 
 
-def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
-    """Hessian effective rank at the tasks where it was measured: raw, and min–max normalised per seed."""
+def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows] | None = None) -> Figure | None:
+    """Hessian effective rank at the tasks where it was measured: raw, and min–max normalised per seed, with the
+    paper's normalised curve (``paper``'s ``effective_rank`` score, Figure 4) dashed beside a measured experiment's."""
     measured = [e for e in experiments if not np.isnan(e.rows("hessian/eff_rank")).all()]
     if not measured:
         return None
@@ -170,7 +172,9 @@ def rank_figure(experiments: Sequence[Experiment]) -> Figure | None:
             x = tasks[at.astype(int)]
             ax.plot(x, mean, color=colours[exp.name], marker=".", lw=1.4, label=exp.label)
             ax.fill_between(x, mean - std, mean + std, color=colours[exp.name], alpha=0.15, lw=0)
-    if not norm.lines:
+        if exp.name in (paper or {}):
+            _paper_windows(norm, exp, paper[exp.name], "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
+    if not any(line.get_label() in {e.label for e in measured} for line in norm.lines):
         norm.text(
             0.5,
             0.5,
@@ -216,7 +220,7 @@ def write_figures(
     figures: dict[str, Figure | None] = {
         name: curves_figure(experiments, panels, paper, chance) for name, panels in CURVES.items()
     }
-    figures["hessian_eff_rank.png"] = rank_figure(experiments)
+    figures["hessian_eff_rank.png"] = rank_figure(experiments, paper)
     figures |= {f"matrix_{exp.name}.png": matrix_figure(exp) for exp in experiments}
     written = []
     for name, fig in figures.items():
