@@ -190,6 +190,8 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
         ax.set_xlabel("evaluated task")
         ax.grid(alpha=0.3)
     raw.legend(fontsize=7, loc="best")
+    if any(line.get_linestyle() == "--" for line in norm.lines):  # the paper's curve: say which is which
+        norm.legend(fontsize=7, loc="best")
     return fig
 
 
