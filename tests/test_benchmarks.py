@@ -177,6 +177,25 @@ def test_paper_size(gpu_flag: bool) -> None:
     assert m["threads"] == 1
 
 
+def test_pmnist_task_cost() -> None:
+    """Backprop, kNN and QOA V1 at ``--small``: task 0 and one steady task timed by phase, flops counted in the next
+    task (training and evaluation), the floor and the ratio at the configured cadence, in CPU and wall seconds."""
+    m = _main("pmnist_task_cost", "--learners", "bp", "knn", "qoa_v1")
+    assert set(m) >= {"bp", "knn", "qoa_v1", "table"}
+    for name in ("bp", "knn", "qoa_v1"):
+        (fit,) = m[name]["fits"]
+        assert sorted(fit["tasks"]) == [0, 1]
+        assert fit["flops"]["training"] > 0
+        assert fit["flops"]["episodes"] > 0
+        assert fit["probes"] == 10
+        for summary in (*m[name]["cpu"], *m[name]["wall"]):
+            assert summary["cost_s"] > 0
+            assert summary["floor_s"] > 0
+            assert summary["ratio"] > 0
+            assert summary["amortised"]["training"] > 0
+    assert m["bp"]["fits"][0]["every_n"]["HessianMonitor"] == 100  # the Permuted-MNIST cadence
+
+
 def test_scorer_rate() -> None:
     result = _main("scorer_rate")
     assert result["block_pairs"] > 0

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from cl_lightning.study.report_tables import block_table, window_table
+from cl_lightning.study.report_tables import block_table, shown_windows, window_table, write_window_csv
 from cl_lightning.study.results import Experiment, PaperWindows
 
 FWD, BWD, RANK = "eval/forward_mse", "eval/backward_mse", "hessian/eff_rank"
@@ -111,3 +112,93 @@ def test_window_table_cells_gain_the_std_over_seeds() -> None:
     assert len(lines) == 5  # no backward row: the paper has no backward windows here
     assert "ours is the mean ± std (population) over seeds of each seed's window mean" in lines[4]
     assert block_table([exp], paper) == ""  # the paper's windows: no block table
+
+
+def test_window_table_of_the_papers_75_windows_shows_every_fifth_and_the_csv_all(tmp_path) -> None:
+    """7,500 tasks, two seeds (forward 0.5 and 0.7; backward from task 5), the paper read at all 75 windows: the
+    Markdown shows windows 0, 5, ..., 70 and the last, 74 (16 columns); ``windows.csv`` has every window of both
+    scores, ours (0.6 ± 0.1 over 2 seeds) beside the paper's (a range read as its low and high)."""
+    import csv
+
+    seeds = [_seed(7500, 7500, {"eval/forward_acc": [v] * 75, "eval/backward_acc": [v] * 75}) for v in (0.5, 0.7)]
+    exp = Experiment("qoa_v1", "QOA", 7500, "acc")
+    for seed, curves in enumerate(seeds):
+        exp.add(seed, curves, {})
+    forward = [round(0.3 + 0.007 * w, 3) for w in range(75)]
+    backward: list = [[0.31, 0.34], *forward[1:]]
+    paper = {"qoa_v1": PaperWindows(100, list(range(75)), {"forward": forward, "backward": backward}, "1")}
+    lines = window_table([exp], paper).splitlines()
+    shown = [*range(0, 75, 5), 74]
+    assert shown_windows(range(75)) == shown
+    header = " | ".join(f"window {w} ({w * 100}–{w * 100 + 99})" for w in shown)
+    assert lines[0] == f"| learner | score | {header} |"
+    assert lines[1] == "|" + "---|" * (len(shown) + 2)
+    assert lines[2].startswith("| QOA | forward | 0.600 ± 0.100 / 0.3 | 0.600 ± 0.100 / 0.335 |")
+    assert lines[3].startswith("| QOA | backward | 0.600 ± 0.100 / 0.31–0.34 |")
+    assert lines[2].endswith("| 0.600 ± 0.100 / 0.818 |")
+    assert "all are in `windows.csv`" in lines[5]
+    assert write_window_csv([exp], paper, tmp_path)
+    with open(tmp_path / "windows.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 150
+    assert [r["window"] for r in rows[:75]] == [str(w) for w in range(75)]
+    first = rows[75]  # backward, window 0: the paper's range
+    assert (first["score"], first["first_task"], first["last_task"], first["seeds"]) == ("backward", "0", "99", "2")
+    assert (float(first["mean"]), float(first["std"])) == pytest.approx((0.6, 0.1))
+    assert (first["paper_low"], first["paper_high"]) == ("0.31", "0.34")
+    assert not write_window_csv([exp], {}, tmp_path / "none")
+
+
+def test_few_windows_are_all_shown() -> None:
+    assert shown_windows([0, 1, 2, 3, 4, 5, 6, 8, 10]) == [0, 1, 2, 3, 4, 5, 6, 8, 10]
+    assert shown_windows([3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]) == [3, 5, 10, 13]
+
+
+def test_published_pmnist_curves_have_all_75_windows_and_the_figure_draws_them_as_a_line() -> None:
+    """Figure 1's five curves (Backprop, CBP, QOA V1, V2, full attention) at every window 0-74, accuracies, the
+    effective rank of Figure 4 beside them; a 7,500-task run's forward panel draws the paper's curve as a dashed
+    line of 75 points at the window centres."""
+    from cl_lightning.study.report import paper_points, published_numbers
+    from cl_lightning.study.report_figures import CURVES, curves_figure
+
+    methods = published_numbers()["benchmarks"]["pmnist"]["methods"]
+    for name in ("bp", "cbp", "qoa_v1", "qoa_v2", "full_attention"):
+        windows = methods[name]["windows"]
+        assert windows["at"] == list(range(75)), name
+        for role in ("forward", "backward"):
+            values = np.array([np.mean(v) for v in windows[role]])
+            assert len(values) == 75, (name, role)
+            assert ((values > 0.1) & (values < 0.95)).all(), (name, role)
+        assert len(methods[name]["effective_rank"]["windows"]) == 75, name
+    exp = Experiment("qoa_v1", "QOA", 7500, "acc", stream="PermutedMNIST", published="qoa_v1", backward_lag=5)
+    exp.add(0, _seed(7500, 7500, {"eval/forward_acc": [0.5] * 75, "eval/backward_acc": [0.5] * 75}), {})
+    paper = paper_points([exp], {"benchmark": "pmnist"})
+    assert len(paper["qoa_v1"].at) == 75
+    forward = curves_figure([exp], CURVES["forward_backward.png"], paper, 0.1).axes[0]
+    (line,) = [ln for ln in forward.lines if ln.get_label().endswith("paper, Fig. 1 (100-task windows)")]
+    assert line.get_linestyle() == "--"
+    np.testing.assert_allclose(line.get_xdata(), np.arange(75) * 100 + 49.5)
+    assert line.get_ydata()[0] == pytest.approx(0.35)
+    assert line.get_ydata()[-1] == pytest.approx(0.867, abs=0.02)
+
+
+def test_rank_figure_draws_the_papers_figure_4_curve_beside_ours() -> None:
+    """Backprop's Hessian rank every 100 tasks over 7,500 (rising): the normalised panel has ours and the paper's
+    75-window effective rank (Figure 4) as a dashed line; without paper windows, ours only."""
+    from cl_lightning.study.report import paper_points
+    from cl_lightning.study.report_figures import rank_figure
+
+    exp = Experiment("bp", "Backprop", 7500, "acc", stream="PermutedMNIST", published="bp", backward_lag=5)
+    rank = np.full(7500, np.nan)
+    rank[::100] = np.arange(75.0)
+    exp.add(0, {"eval/forward_acc": np.full(7500, 0.8), "hessian/eff_rank": rank}, {})
+    paper = paper_points([exp], {"benchmark": "pmnist"})
+    assert paper["bp"].figures == {"effective_rank": "4 (left)"}
+    norm = rank_figure([exp], paper).axes[1]
+    labels = [line.get_label() for line in norm.lines]
+    assert labels == ["Backprop", "Backprop: paper, Fig. 4 (left) (100-task windows)"]
+    assert norm.lines[1].get_linestyle() == "--"
+    assert np.isnan(norm.lines[1].get_ydata()[0])  # window 0: not read (the curves' first segments overlap)
+    assert norm.lines[1].get_ydata()[1] == pytest.approx(1.0)
+    assert len(norm.lines[1].get_xdata()) == 75
+    assert [line.get_label() for line in rank_figure([exp]).axes[1].lines] == ["Backprop"]

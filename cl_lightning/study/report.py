@@ -43,7 +43,7 @@ import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
-from cl_lightning.study.report_tables import block_table, window_table, write_table
+from cl_lightning.study.report_tables import block_table, window_table, write_table, write_window_csv
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
 SCALARS = ("forward", "backward", "online")
@@ -162,10 +162,14 @@ def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dic
     paper, out = published_numbers(), {}
     for exp in experiments:
         spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
-        windows = paper_entry(exp, meta, paper).get("windows")
+        entry = paper_entry(exp, meta, paper)
+        windows = entry.get("windows")
         if windows is not None:
             scores = {role: windows[role] for role in ("forward", "backward") if role in windows}
-            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]))
+            rank, figures = entry.get("effective_rank") or {}, {}
+            if "windows" in rank:  # Figure 4's normalised rank at the same windows
+                scores["effective_rank"], figures["effective_rank"] = rank["windows"], str(rank["figure"])
+            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]), figures)
     return out
 
 
@@ -273,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "\n" + t for t in (window_table(experiments, paper), block_table(experiments, paper, opts.block)) if t
     )
     (out / "table.md").write_text(text)
+    windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
-    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", found, *figures]))
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))
     return 0

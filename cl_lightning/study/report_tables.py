@@ -1,9 +1,9 @@
 """The Markdown of ``table.md`` (and ``table.csv``), written by ``python -m cl_lightning report``.
 
-The main table (one row per experiment, final-window scores beside the paper's), then the paper's early windows
-beside ours (:func:`window_table`) and, for long runs the paper gives no windows for, the scores per block of
-evaluated tasks (:func:`block_table`). Each cell is a mean ± population std over seeds of each seed's mean
-(:mod:`cl_lightning.study.results`).
+The main table (one row per experiment, final-window scores beside the paper's), then the paper's windows beside
+ours (:func:`window_table`; every one in ``windows.csv``, :func:`write_window_csv`) and, for long runs the paper
+gives no windows for, the scores per block of evaluated tasks (:func:`block_table`). Each cell is a mean ±
+population std over seeds of each seed's mean (:mod:`cl_lightning.study.results`).
 """
 
 from __future__ import annotations
@@ -93,32 +93,79 @@ def _markdown(cells: dict[tuple[str, str], dict[int, str]], columns: dict[int, s
     return lines
 
 
-def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
-    """Markdown: per experiment with paper windows, its mean ± std over each window the paper was read at (over the
-    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one."""
-    reached: dict[tuple[str, str], dict[int, str]] = {}
+SHOWN_EVERY = 5
+"""The window table shows every ``SHOWN_EVERY``-th window (and the first and the last) once more than
+``2 * SHOWN_EVERY`` windows were reached; ``windows.csv`` holds all of them."""
+
+
+def window_stats(
+    experiments: Sequence[Experiment], paper: dict[str, PaperWindows]
+) -> dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], Any, int]]]:
+    """``{(label, score): {window: ((mean, std, n), paper value, seeds)}}`` for every window the paper was read at
+    and some seed's run reached (its last task)."""
+    out: dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], Any, int]]] = {}
     for exp in experiments:
         windows = paper.get(exp.name)
         for role in ("forward", "backward") if windows is not None else ():
             values = dict(zip(windows.at, windows.scores.get(role) or [], strict=False))
             stats = block_stats(exp, metric_key(EvalSlot(role), exp.metric), windows.window, values)
-            for w, (mean, std, n) in stats.items():
-                value = values[w]
-                paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
-                cell = f"{_spread((mean, std, n), 3)} / {paper_value}{_of(n, len(exp.seeds))}"
-                reached.setdefault((exp.label, role), {})[w] = cell
-    if not reached:
+            for w, st in stats.items():
+                out.setdefault((exp.label, role), {})[w] = (st, values[w], len(exp.seeds))
+    return out
+
+
+def shown_windows(windows: Sequence[int]) -> list[int]:
+    """The windows the Markdown table shows: all up to ``2 * SHOWN_EVERY``, else every ``SHOWN_EVERY``-th one and
+    the first and the last."""
+    ws = sorted(windows)
+    if len(ws) <= 2 * SHOWN_EVERY:
+        return ws
+    return sorted({ws[0], ws[-1], *(w for w in ws if w % SHOWN_EVERY == 0)})
+
+
+def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
+    """Markdown: per experiment with paper windows, its mean ± std over each window the paper was read at (over the
+    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one. Of
+    many windows (the paper's 75 on Permuted MNIST) every fifth and the first and last are shown
+    (:func:`shown_windows`; :func:`write_window_csv` writes them all)."""
+    stats = window_stats(experiments, paper)
+    if not stats:
         return ""
+    reached: dict[tuple[str, str], dict[int, str]] = {}
+    for key, cells in stats.items():
+        for w, (st, value, seeds) in cells.items():
+            paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
+            reached.setdefault(key, {})[w] = f"{_spread(st, 3)} / {paper_value}{_of(st[2], seeds)}"
     size = next(iter(paper.values())).window
-    columns = {
-        w: f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in sorted({w for c in reached.values() for w in c})
-    }
+    every = sorted({w for c in reached.values() for w in c})
+    shown = shown_windows(every)
+    columns = {w: f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in shown}
     note = (
         f"\nOurs / the paper's, per {size}-task window of evaluated tasks: ours is the mean ± std (population) over "
         "seeds of each seed's window mean (seeds whose run reached the window's end; the mean alone for one seed); "
-        "the paper's is read off its figure (about ± 3 points; `cl_lightning/study/published.yaml`, `windows`).\n"
+        "the paper's is read off its figure (about ± 3 points; `cl_lightning/study/published.yaml`, `windows`)."
     )
-    return "\n".join(_markdown(reached, columns)) + "\n" + note
+    if len(shown) < len(every):
+        note += f" Every {SHOWN_EVERY}th window of the {len(every)} reached, and the last: all are in `windows.csv`."
+    return "\n".join(_markdown(reached, columns)) + "\n" + note + "\n"
+
+
+def write_window_csv(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], out: Path) -> bool:
+    """Write ``windows.csv``: one row per experiment, score and window reached (ours: mean, std, seeds; the
+    paper's: low and high, equal unless it was read as a range); nothing when no run reached a window."""
+    stats = window_stats(experiments, paper)
+    if not stats:
+        return False
+    size = next(iter(paper.values())).window
+    fields = ["learner", "score", "window", "first_task", "last_task", "mean", "std", "seeds", "paper_low"]
+    with open(out / "windows.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow([*fields, "paper_high"])
+        for (label, score), cells in stats.items():
+            for w, ((mean, std, n), value, _) in sorted(cells.items()):
+                low, high = value if isinstance(value, list) else (value, value)
+                writer.writerow([label, score, w, w * size, (w + 1) * size - 1, mean, spread_of(std, n), n, low, high])
+    return True
 
 
 def _block_rows(exp: Experiment, block: int) -> dict[str, dict[int, tuple[float, float, int]]]:

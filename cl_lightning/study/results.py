@@ -60,14 +60,17 @@ class PaperWindows:
     Args:
         window: Tasks per window (window ``w`` holds evaluated tasks ``w * window .. (w + 1) * window - 1``).
         at: The windows read.
-        scores: ``{"forward" | "backward": one value per window}``; a ``[low, high]`` pair is a range read.
+        scores: ``{"forward" | "backward" | "effective_rank": one value per window}``; a ``[low, high]`` pair is a
+            range read.
         figure: The paper's figure, for the legend.
+        figures: A score's own figure where it is another (the effective rank: Figure 4).
     """
 
     window: int
     at: list[int]
     scores: dict[str, list[float | list[float]]]
     figure: str
+    figures: dict[str, str] = field(default_factory=dict)
 
     def points(self, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window centres in tasks, midpoints, half ranges) of ``role``'s values; empty when the paper has none."""
