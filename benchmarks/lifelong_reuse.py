@@ -48,6 +48,7 @@ from benchmarks import lifelong_icl as icl
 from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
+from cl_lightning.memory.accounting import memory_bytes
 
 MATCHED = {"sign keys, 1 state (d_k 128)": (1, 128), "sign keys, 8 routed states (d_k 12)": (8, 12)}  # ~5 KB
 METRICS = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
@@ -124,7 +125,7 @@ def run(spec: Any, stream: TaskStream, seed: int) -> dict[str, float]:
             scores["revised"].append(_accuracy(pred[revised], data.query_y[revised]))
             scores["stale"].append(_accuracy(pred[revised], old[revised]))
     return {m: statistics.fmean(v) if v else float("nan") for m, v in scores.items()} | {
-        "bytes": learner.context_memory_bytes()
+        "bytes": memory_bytes(learner).budget  # state, routing and fixed projection (memory.accounting)
     }
 
 
