@@ -334,3 +334,11 @@ def test_cbp_kernel_paths_logs_both_replacement_sequences_until_they_part(tmp_pa
     assert [[e[x] for x in key] for e in torch_events[:same]] == [[e[x] for x in key] for e in native_events[:same]]
     assert all(e["margin"] >= 0 for e in native_events)
     assert (tmp_path / "cbp_kernel_paths_events.json.gz").exists()
+
+
+def test_scr_output_init_runs_both_gains_on_the_same_draw(tmp_path: Path) -> None:
+    if not nn_native.available():
+        pytest.skip("no C compiler: no native kernel")
+    result = _main("scr_output_init", out=tmp_path)
+    assert len(result["runs"]) == 2  # one seed under --small, both inits
+    assert all(len(r["forward"]) == 2 for r in result["runs"].values())  # 7 tasks, 5 of them warm-up
