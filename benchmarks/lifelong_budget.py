@@ -9,7 +9,9 @@ sweeps the budget from ~1 KB to ~1 MB (×4 steps) and asks where the curves cros
   kNN (k = 1) and QOA (its scorer trained online on the buffer, the whole buffer as support set);
 - **fast-weight rules** with the state sized to the budget: the delta rule and the gated delta rule
   (d_k = budget / (4 · d_v)), TTT-Linear (d_k² + d_k floats); the slow encoder is not counted (QOA's scorer is
-  not either): the budget is the *context* memory.
+  not either): the budget is the *context* memory, counted by ``cl_lightning.memory.accounting`` (these rules hold
+  no fixed projection). ``--row-precision data`` charges a buffer row at the data's own precision (Permuted MNIST:
+  49 8-bit pixels and a 1-byte label, 50 B, against 212 B as stored).
 
 Live recall at lag L is the accuracy on task t − L's held-out queries read from the learner's memory only, over
 the last ``eval_last`` tasks, on AssociativeRecall (every task a new map of 8 associations; chance 0.10) and a small
@@ -40,6 +42,7 @@ from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.memory.accounting import Precision
 from cl_lightning.nn.fast_weights import DeltaRule, GatedDeltaRule, TTTLinear
 
 LAGS = icl.LAGS
@@ -51,9 +54,10 @@ PARAMETRIC = tuple(RULES)
 COLUMNS = ["stream", "learner", "budget B", "bytes held", "forward", "lag 1", "lag 5", "lag 20"]
 
 
-def buffer_rows(stream: TaskStream, budget: int) -> int:
-    """Examples a replay buffer holds in ``budget`` bytes (at least 2: QOA needs a support and a query)."""
-    return max(2, budget // icl.row_bytes(stream))
+def buffer_rows(stream: TaskStream, budget: int, precision: Precision = "stored") -> int:
+    """Examples a replay buffer holds in ``budget`` bytes (at least 2: QOA needs a support and a query), rows
+    charged as stored or at the data's precision (``cl_lightning.memory.accounting``)."""
+    return max(2, budget // icl.row_bytes(stream, precision))
 
 
 def key_dim_for(rule: str, budget: int, num_outputs: int) -> int:
@@ -64,12 +68,12 @@ def key_dim_for(rule: str, budget: int, num_outputs: int) -> int:
     return max(2, floats // num_outputs)
 
 
-def buffer_spec(name: str, budget: int, hidden: list[int]) -> icl.Spec:
+def buffer_spec(name: str, budget: int, hidden: list[int], precision: Precision = "stored") -> icl.Spec:
     """kNN (k = 1) or QOA with a FIFO or reservoir buffer of the budget's rows (the whole buffer as support)."""
     kind, mode = name.split("_")
 
     def make(stream: TaskStream) -> ContinualLearner:
-        n = buffer_rows(stream, budget)
+        n = buffer_rows(stream, budget, precision)
         queries = max(1, min(QOA_QUERIES, n // 2))  # a step's queries, drawn from the buffer (the rest: support)
         if kind == "knn":
             return KNN(input_shape=stream.input_shape, num_outputs=stream.num_outputs, memory_size=n, buffer_mode=mode,
@@ -130,10 +134,11 @@ def sweep(stream_name: str, make_stream: Callable[[int], TaskStream], args: argp
             if name in PARAMETRIC:
                 spec = parametric_spec(name, budget, cfg["hidden"], probe.num_outputs, cfg["lr"])
             else:
-                spec = buffer_spec(name, budget, cfg["hidden"])
+                spec = buffer_spec(name, budget, cfg["hidden"], args.row_precision)
             t0 = time.perf_counter()
             cell = run_cell(spec, make_stream, args.repeats, cfg["eval_last"], cfg["queries"])
-            cell["bytes"] = cell.pop("state_bytes") or buffer_rows(probe, budget) * icl.row_bytes(probe)
+            rows = buffer_rows(probe, budget, args.row_precision)
+            cell["bytes"] = cell.pop("state_bytes") or rows * icl.row_bytes(probe, args.row_precision)
             cells[name][budget] = cell
             print(
                 f"{stream_name:<18}{name:<17}{budget:>9,} B ({cell['bytes']:>9,}) "
@@ -226,6 +231,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rule-max-bytes", type=int, default=None, help="skip the fast-weight rules above this")
     p.add_argument("--learners", nargs="+", default=[*BUFFER, *PARAMETRIC], choices=[*BUFFER, *PARAMETRIC])
     p.add_argument("--from-logs", type=Path, nargs="+", help="rebuild the tables from progress logs")
+    p.add_argument("--row-precision", choices=["stored", "data"], default="stored",
+                   help="charge buffer rows as stored (float32 x, int64 y and task id) or at the data's precision "
+                   "(8-bit pixels, 1-byte label, no task id); 'data' writes budget_<stream>_data.*")  # fmt: skip
     bench = icl.start("lifelong_budget", p, argv)
     args = bench.args
     tasks, items, dim, train, pm_tasks = 25, 8, 128, 256, 22
@@ -248,19 +256,20 @@ def main(argv: list[str] | None = None) -> dict:
     }
     result: dict[str, Any] = {}
     lines, rows, crossovers = [], [], []
+    suffix = "_data" if args.row_precision == "data" else ""
     for name in args.streams:
         make, cfg = configs[name]
         result[name] = from_logs(name, args.from_logs) if args.from_logs else sweep(name, make, args, cfg)
-        figure(name, result[name], args.out / f"budget_{name}.png", 0.1)
+        figure(name, result[name], args.out / f"budget_{name}{suffix}.png", 0.1)
         lines += table(name, result[name])
         rows += table_rows(name, result[name])
         crossovers.append(crossover_line(name, result[name]))
-        (args.out / f"budget_{name}.json").write_text(json.dumps(result[name], indent=1, default=str))
-        (args.out / f"budget_{name}.md").write_text("\n".join(table(name, result[name])))
+        (args.out / f"budget_{name}{suffix}.json").write_text(json.dumps(result[name], indent=1, default=str))
+        (args.out / f"budget_{name}{suffix}.md").write_text("\n".join(table(name, result[name])))
     result["seconds"] = time.perf_counter() - started
     saved = {"args": {k: str(v) for k, v in vars(args).items()}, **result}
-    (args.out / "budget.json").write_text(json.dumps(saved, indent=1, default=str))
-    (args.out / "budget.md").write_text("\n".join(lines))
+    (args.out / f"budget{suffix}.json").write_text(json.dumps(saved, indent=1, default=str))
+    (args.out / f"budget{suffix}.md").write_text("\n".join(lines))
     notes = [*crossovers, f"total {result['seconds'] / 60:.1f} min; results in {args.out}"]
     return bench.finish(result, COLUMNS, rows, notes)
 

@@ -45,6 +45,7 @@ from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, FullAttention, ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_bytes
 from cl_lightning.nn import fast_weights as fw
 
 LAGS = (1, 5, 20)
@@ -62,9 +63,10 @@ class Spec:
     tags: dict[str, Any] = field(default_factory=dict)
 
 
-def row_bytes(stream: TaskStream) -> int:
-    """Bytes of one stored example in a replay buffer: x (float32), y and task id (int64)."""
-    return math.prod(stream.input_shape) * 4 + 8 + 8
+def row_bytes(stream: TaskStream, precision: Precision = "stored") -> int:
+    """Bytes of one example in a replay buffer: as stored (x float32, y and task id int64) or at the data's own
+    precision (``cl_lightning.memory.accounting``: 8-bit pixels, a 1-byte label, no task id)."""
+    return stream_row_bytes(stream, precision)
 
 
 def matched_buffer(stream: TaskStream) -> int:
@@ -208,8 +210,8 @@ def run_stream(spec: Spec, stream: TaskStream, eval_last: int, queries: int, see
             runner.step(batch, i)
             times.append((time.perf_counter() - start) / batch.x.shape[0])
             seen += batch.x.shape[0]
-        nbytes = stored_examples(learner) * row_bytes(stream) if hasattr(learner, "buffer") else None
-        bytes_trace.append((seen, learner.context_memory_bytes() if nbytes is None else nbytes))
+        row = row_bytes(stream) if hasattr(learner, "buffer") else None
+        bytes_trace.append((seen, memory_bytes(learner, row).budget))
         if task >= stream.num_tasks - eval_last:
             for lag in LAGS:
                 if task - lag >= 0:
@@ -223,7 +225,8 @@ def run_stream(spec: Spec, stream: TaskStream, eval_last: int, queries: int, see
         "ms_per_token_late": 1e3 * statistics.median(times[-window:]),
         "bytes_trace": bytes_trace,
         "evicted": evicted,
-        "state_bytes": learner.context_memory_bytes() if isinstance(learner, ParametricAttention) else None,
+        # context state and fixed projections (memory.accounting): what a query reads, trained weights excluded
+        "state_bytes": memory_bytes(learner).budget if isinstance(learner, ParametricAttention) else None,
         "key_coherence": key_coherence(learner, stream, queries) if isinstance(learner, ParametricAttention) else None,
     }
 

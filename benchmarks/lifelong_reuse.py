@@ -18,9 +18,9 @@ scorecard's stream no key is ever reused, so those levers could only cost. Here 
 
 ``--streams PermutedMNIST`` runs the recurring case on Permuted MNIST instead (``PermutedMNIST(recur_every=5)``:
 25 tasks of 500 7x7 images in chunks of 100, 200 queries, encoder [256], Adam 3e-4 as the encoder study), where a
-returning task is a classifier, not a handful of associations, and adds StableKeyMemory's two goal settings (about
-40 KB; ``benchmarks.lifelong_goals``) and two at about the levers' bytes (one state of d_k 128, 5,324 B; eight
-routed states of d_k 12, 5,416 B).
+returning task is a classifier, not a handful of associations, and adds StableKeyMemory's two goal settings
+(``benchmarks.lifelong_goals``) and two at about the levers' state bytes (one state of d_k 128, 5,324 B of state;
+eight routed states of d_k 12, 5,416 B); the bytes reported also count each one's fixed projection R.
 
 Learners: the delta rule (d_k 128) and its Q1 levers at the same 5,120 state bytes — forget gate (gated delta rule),
 weight decay (Titans' retention gate, momentum 0.01, d_k 64), 4 heads x d_k 32 — and the Hebbian pair, linear
@@ -48,6 +48,7 @@ from benchmarks import lifelong_icl as icl
 from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
+from cl_lightning.memory.accounting import memory_bytes
 from cl_lightning.nn.fast_weights import DecayLinearAttention, DeltaRule, GatedDeltaRule, LinearAttention, Titans
 
 MATCHED = {"sign keys, 1 state (d_k 128)": (1, 128), "sign keys, 8 routed states (d_k 12)": (8, 12)}  # ~5 KB
@@ -125,7 +126,7 @@ def run(spec: Any, stream: TaskStream, seed: int) -> dict[str, float]:
             scores["revised"].append(_accuracy(pred[revised], data.query_y[revised]))
             scores["stale"].append(_accuracy(pred[revised], old[revised]))
     return {m: statistics.fmean(v) if v else float("nan") for m, v in scores.items()} | {
-        "bytes": learner.context_memory_bytes()
+        "bytes": memory_bytes(learner).budget  # state, routing and fixed projection (memory.accounting)
     }
 
 

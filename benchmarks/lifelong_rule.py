@@ -39,6 +39,7 @@ from cl_lightning.data import AssociativeRecall
 from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import StableKeyMemory
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.memory.accounting import memory_bytes
 from cl_lightning.nn.fast_weights import DeltaRule, GatedDeltaRule, LinearAttention, TTTLinear
 
 START = 2  # tasks scored from here on (the slow weights have seen two rules)
@@ -96,11 +97,11 @@ def run(spec: icl.Spec, stream: AssociativeRecall, seed: int) -> dict[str, float
             with torch.no_grad():
                 written.append(_accuracy(learner(keys), values))
                 unseen.append(_accuracy(learner(data.query_x), data.query_y))
-    nbytes = icl.stored_examples(learner) * icl.row_bytes(stream) if hasattr(learner, "buffer") else None
+    row = icl.row_bytes(stream) if hasattr(learner, "buffer") else None
     return {
         "written": statistics.fmean(written),
         "unseen": statistics.fmean(unseen),
-        "bytes": learner.context_memory_bytes() if nbytes is None else nbytes,
+        "bytes": memory_bytes(learner, row).budget,  # rows held, or state + fixed projection
     }
 
 

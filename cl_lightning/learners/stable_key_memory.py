@@ -16,7 +16,9 @@ MNIST 2,000 error-driven writes per task move every old readout of a single stat
 The M states are ``ParametricAttention``'s heads: a token's key is zero in every head but its route's, so the
 other states are untouched by its write and silent at its read. β (and α) come from a slow encoder trained online
 through the prequential loss, as in ``ParametricAttention``; the keys never see a gradient. Context memory: the M
-states and centroids, constant (``context_memory_bytes``).
+states and centroids, constant (``context_memory_bytes``); a query also reads the fixed projection R (d_k x input
+floats, ``fixed_buffers``), which ``cl_lightning.memory.accounting.memory_bytes`` counts beside it: 512,000 B for
+d_k 1,000 on 128-dim keys, 21,952 B for d_k 112 on 7x7 images.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from cl_lightning.nn.fast_weights import DeltaRule, Encoded, GatedDeltaRule
 class StableKeyMemory(ParametricAttention):
     """Fixed random sign keys of the standardised input, written into one of ``routes`` fast states.
 
+    Prior art: routing writes into one of several memory states (Mixture-of-Memories, Du et al. 2025) and fixed
+    random features with an online-trained linear read-out (RanDumb, Prabhu et al., NeurIPS 2024).
+
     Args:
         input_shape: Shape of one input (linked from the data module).
         num_outputs: Classes or regression targets (linked); d_v.
@@ -49,6 +54,8 @@ class StableKeyMemory(ParametricAttention):
         optimizer: Optimiser factory for the slow parameters (default: Adam, lr 1e-4).
         seed: Seed of the fixed key projection.
     """
+
+    fixed_buffers = ("key_matrix",)  # untrained state a query reads: counted by memory.accounting.memory_bytes
 
     def __init__(
         self,
