@@ -130,7 +130,7 @@ ALLOWED = {
     "ops": {"ops"},
     "nn": {"ops", "nn"},
     "memory": {"ops", "nn", "memory"},
-    "learners": {"ops", "nn", "memory", "learners", "contract"},
+    "learners": {"ops", "nn", "memory", "learners", "contract", "lightning_compat"},
     "metrics": {"metrics"},
     "callbacks": {"metrics", "callbacks", "contract", "probing", "heap", "lightning_compat"},
     "data": {"data", "contract"},
