@@ -14,7 +14,8 @@ Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails l
 - ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
 - ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state) and
   ``batch_progress.total.completed`` (training steps run by this process).
-- The optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
+- ``LightningModule._trainer`` (whether a module is attached, without the property's error) and the
+  optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
   loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``),
   advanced by :func:`count_optimizer_steps`, and the automatic loop's ``automatic_optimization.optim_progress``,
   moved into it by :func:`adopt_automatic_steps`.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -94,9 +95,15 @@ def tasks_closed(trainer: Trainer) -> int:
     return int(trainer.fit_loop.epoch_progress.current.completed)
 
 
-def count_optimizer_steps(trainer: Trainer, steps: int) -> None:
-    """Add ``steps`` optimiser steps taken outside Lightning's optimiser wrapper to ``trainer.global_step`` (manual
-    optimisation's count)."""
+def count_optimizer_steps(module: LightningModule, steps: int) -> None:
+    """Add ``steps`` optimiser steps taken outside Lightning's optimiser wrapper to the ``global_step`` of the
+    Trainer ``module`` is attached to (none without one, as when a benchmark drives a learner)."""
+    if module._trainer is not None:
+        _add_manual_steps(module._trainer, steps)
+
+
+def _add_manual_steps(trainer: Trainer, steps: int) -> None:
+    """Add ``steps`` to manual optimisation's count of optimiser steps (``trainer.global_step``)."""
     progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
     for tracker in (progress.total, progress.current):
         tracker.ready += steps
@@ -110,7 +117,7 @@ def adopt_automatic_steps(trainer: Trainer) -> None:
     loop = trainer.fit_loop.epoch_loop
     steps = loop.automatic_optimization.optim_progress.optimizer_steps
     if steps:
-        count_optimizer_steps(trainer, steps)
+        _add_manual_steps(trainer, steps)
         loop.automatic_optimization.optim_progress.reset()
 
 
@@ -163,6 +170,8 @@ def missing_internals() -> list[str]:
     closed, check = end.find("self.epoch_progress.increment_completed()"), end.find("trainer.received_sigterm")
     if closed < 0 or not 0 <= closed < check:
         problems.append("_FitLoop.on_advance_end no longer counts the epoch complete before its SIGTERM check")
+    if "self._trainer" not in _source(LightningModule.__init__):
+        problems.append("LightningModule._trainer is gone")
     return problems + _missing_step_counters(loop)
 
 

@@ -153,7 +153,7 @@ class AutogradEngine:
         # global_step: the steps taken by hand; with nothing to train (kNN) every chunk, as Lightning's loop counts
         counted = run.counted if any(p.requires_grad for p in learner.parameters()) else steps.x.shape[0]
         if counted:
-            lightning_compat.count_optimizer_steps(learner.trainer, counted)
+            lightning_compat.count_optimizer_steps(learner, counted)
         return torch.stack(losses).sum() if losses else None
 
     def learn_rest(self, learner: SteppedLearner, batch: StreamSteps, start: int, run: StepRun) -> Tensor | None:
