@@ -11,10 +11,10 @@ points trained on. Variants:
 - ``before``: the code at ``--before REV`` (``git archive`` into a temporary folder), its own configs: one point per
   Lightning batch, and ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` left as Lightning sets it;
 - ``one point`` (with ``--one-point``): this tree, ``--data.steps_per_batch=1``;
-- ``autograd``: this tree as configured (``steps_per_batch: 100``) with the fused step off (``fused_steps = False``):
+- ``autograd``: this tree as configured (``steps_per_batch: 100``) with ``--model.init_args.step_kernel=autograd``:
   100 predict-then-learn steps per batch through autograd and the optimiser, one chunk at a time;
-- ``fused``: this tree as configured: the same steps through ``learn_fused`` (hand-written gradients, one Adam over
-  views of a flat tensor; bit for bit the autograd numbers, ``tests/test_fused_steps.py``);
+- ``fused``: this tree as configured (``step_kernel: fused``): the same steps through ``learn_fused`` (hand-written
+  gradients, one Adam over views of a flat tensor; bit for bit the autograd numbers, ``tests/test_fused_steps.py``);
 - ``floor``: a bare eager loop in this process, the same net, loss and optimiser and the online error kept per
   point (Backprop: MLP 20 -> 40 -> 1, Adam; QOA: scorer [x_j, x_t] 40 -> 20 -> 1 over the 100 previous points,
   softmax, fused Adam; CBP: Backprop's net with AdamGnT and generate-and-test after each step, replacement rate
@@ -85,10 +85,7 @@ class Timer(Callback):
     def on_train_epoch_end(self, trainer, module):
         self.cpu += self.end - self.start
 
-autograd = "--autograd-steps" in sys.argv  # this benchmark's flag: the fused step off
-cli = main([a for a in sys.argv[1:] if a != "--autograd-steps"], run=False)
-if autograd:
-    cli.model.fused_steps = False
+cli = main(sys.argv[1:], run=False)
 timer = Timer()
 cli.trainer.callbacks.append(timer)
 cli.trainer.fit(cli.model, cli.datamodule)
@@ -102,12 +99,9 @@ LIGHT = ["--callbacks.hessian.init_args.num_queries=10", "--callbacks.plasticity
 PMNIST = {"bp": ["bp_pmnist", "quick_demo"], "qoa": ["qoa_pmnist", "quick_demo", "quick_qoa"]}
 
 
-def _fit_us(root: Path, configs: list[str], overrides: list[str], work: Path, autograd: bool = False) -> float:
-    """µs per training step of one child fit of ``configs`` (from ``root``'s tree and ``configs/``); ``autograd``:
-    with the fused step off."""
-    args = ["--autograd-steps"] * autograd + [
-        a for c in configs for a in ("--config", str(root / "configs" / f"{c}.yaml"))
-    ]
+def _fit_us(root: Path, configs: list[str], overrides: list[str], work: Path) -> float:
+    """µs per training step of one child fit of ``configs`` (from ``root``'s tree and ``configs/``)."""
+    args = [a for c in configs for a in ("--config", str(root / "configs" / f"{c}.yaml"))]
     args += [
         *overrides,
         "--trainer.logger=false",
@@ -251,6 +245,7 @@ NATIVE = {  # the native kernel, bare: the hand floors' loops with nn.native's f
     "cbp": lambda points: _cbp_hand_floor(points, "native"),
 }
 NATIVE_ARG = "--model.init_args.step_kernel=native"
+AUTOGRAD_ARG = "--model.init_args.step_kernel=autograd"
 
 
 def _checkout(rev: str, into: Path) -> Path:
@@ -301,7 +296,7 @@ def _scr_variants(
             variants[f"scr {name} one point"] = lambda c=config: _fit_us(
                 ROOT, [c], [*scr, "--data.steps_per_batch=1"], work
             )
-        variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], scr, work, autograd=True)
+        variants[f"scr {name} autograd"] = lambda c=config: _fit_us(ROOT, [c], [*scr, AUTOGRAD_ARG], work)
         variants[f"scr {name} fused"] = lambda c=config: _fit_us(ROOT, [c], scr, work)
         if name in NATIVE and native.available():
             variants[f"scr {name} native"] = lambda c=config: _fit_us(ROOT, [c], [*scr, NATIVE_ARG], work)

@@ -14,11 +14,13 @@ Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails l
 - ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
 - ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state) and
   ``batch_progress.total.completed`` (training steps run by this process).
+- ``LightningModule._trainer`` (whether a module is attached, without the property's error) and the
+  optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
+  loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``),
+  advanced by :func:`count_optimizer_steps`, and the automatic loop's ``automatic_optimization.optim_progress``,
+  moved into it by :func:`adopt_automatic_steps`.
 
-One use lives outside this module: ``learners/base.py`` (chunked stepping, which may import nothing above
-``learners/``) reads the automatic loop's ``automatic_optimization.optim_progress.optimizer_steps`` and adds to the
-manual loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``):
-:func:`missing_internals` checks those too.
+This module imports nothing from the package, so every part may import it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from lightning.pytorch import Callback, Trainer
+from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
@@ -34,7 +36,9 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 __all__ = [
     "CompatCLI",
     "SIGTERMException",
+    "adopt_automatic_steps",
     "checkpoint_logged_steps",
+    "count_optimizer_steps",
     "logged_steps",
     "missing_internals",
     "set_purge_step",
@@ -91,6 +95,32 @@ def tasks_closed(trainer: Trainer) -> int:
     return int(trainer.fit_loop.epoch_progress.current.completed)
 
 
+def count_optimizer_steps(module: LightningModule, steps: int) -> None:
+    """Add ``steps`` optimiser steps taken outside Lightning's optimiser wrapper to the ``global_step`` of the
+    Trainer ``module`` is attached to (none without one, as when a benchmark drives a learner)."""
+    if module._trainer is not None:
+        _add_manual_steps(module._trainer, steps)
+
+
+def _add_manual_steps(trainer: Trainer, steps: int) -> None:
+    """Add ``steps`` to manual optimisation's count of optimiser steps (``trainer.global_step``)."""
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    for tracker in (progress.total, progress.current):
+        tracker.ready += steps
+        tracker.completed += steps
+
+
+def adopt_automatic_steps(trainer: Trainer) -> None:
+    """Move the automatic loop's optimiser-step count into manual optimisation's (and zero it): a checkpoint written
+    under automatic optimisation then resumes at its ``global_step`` under manual optimisation (once: the moved
+    count is saved as manual from then on)."""
+    loop = trainer.fit_loop.epoch_loop
+    steps = loop.automatic_optimization.optim_progress.optimizer_steps
+    if steps:
+        _add_manual_steps(trainer, steps)
+        loop.automatic_optimization.optim_progress.reset()
+
+
 def checkpoint_logged_steps(checkpoint: dict[str, Any]) -> int:
     """The logging step a checkpoint resumes at (``_batches_that_stepped`` of its loop state; else ``global_step``)."""
     loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
@@ -140,11 +170,13 @@ def missing_internals() -> list[str]:
     closed, check = end.find("self.epoch_progress.increment_completed()"), end.find("trainer.received_sigterm")
     if closed < 0 or not 0 <= closed < check:
         problems.append("_FitLoop.on_advance_end no longer counts the epoch complete before its SIGTERM check")
+    if "self._trainer" not in _source(LightningModule.__init__):
+        problems.append("LightningModule._trainer is gone")
     return problems + _missing_step_counters(loop)
 
 
 def _missing_step_counters(loop: str) -> list[str]:
-    """The optimiser-step counters ``learners/base.py`` reads and advances (``global_step`` under chunked stepping)."""
+    """The optimiser-step counters :func:`count_optimizer_steps` and :func:`adopt_automatic_steps` reach."""
     from lightning.pytorch.loops.optimization.automatic import _AutomaticOptimization
     from lightning.pytorch.loops.optimization.manual import _ManualOptimization
     from lightning.pytorch.loops.progress import _OptimizationProgress, _Progress, _ReadyCompletedTracker
@@ -153,10 +185,10 @@ def _missing_step_counters(loop: str) -> list[str]:
     for name in ("automatic_optimization = _AutomaticOptimization(", "manual_optimization = _ManualOptimization("):
         if f"self.{name}" not in loop:
             problems.append(f"_TrainingEpochLoop no longer sets self.{name}...)")
-    if "self.optim_progress" not in _source(_AutomaticOptimization) or not hasattr(
-        _OptimizationProgress, "optimizer_steps"
+    if "self.optim_progress" not in _source(_AutomaticOptimization) or not all(
+        hasattr(_OptimizationProgress, name) for name in ("optimizer_steps", "reset")
     ):
-        problems.append("_AutomaticOptimization.optim_progress.optimizer_steps is gone")
+        problems.append("_AutomaticOptimization.optim_progress.optimizer_steps (or reset) is gone")
     manual = _source(_ManualOptimization)
     fields = set(getattr(_Progress, "__dataclass_fields__", {})) | set(
         getattr(_ReadyCompletedTracker, "__dataclass_fields__", {})

@@ -139,7 +139,7 @@ ALLOWED = {
     "metrics": {"metrics"},
     # the parts a run is made of, meeting through contract.py
     "data": {"data", "contract"},
-    "learners": {"ops", "nn", "memory", "learners", "contract"},
+    "learners": {"ops", "nn", "memory", "learners", "contract", "lightning_compat"},
     "callbacks": {"metrics", "callbacks", "contract", "heap", "lightning_compat"},
     # the life of one run, then studies of many
     "run": {"run", "data", "learners", "callbacks", "contract", "errors", "heap", "lightning_compat"},

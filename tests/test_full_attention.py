@@ -7,6 +7,7 @@ import torch
 from helpers import FULL_ATTENTION, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import FullAttention
+from cl_lightning.learners.engines import StepRun
 
 TINY = FULL_ATTENTION
 
@@ -68,11 +69,12 @@ def test_paper_defaults() -> None:
     assert model.admit_last == 100
 
 
-def test_only_the_chunk_tail_enters_the_buffer_and_the_newest_is_the_query() -> None:
+def test_only_the_chunk_tail_enters_the_buffer_and_the_newest_is_the_query(monkeypatch: pytest.MonkeyPatch) -> None:
     model = FullAttention(input_shape=(2,), num_outputs=2, memory_size=4, support_size=3, admit_last=4, num_layers=1)
     x = torch.arange(20.0).reshape(10, 2)
     steps = []
-    model.replay_step = steps.append  # the optimiser step needs a Trainer; the loss it would take is recorded
+    # the optimiser step needs a Trainer; the loss it would take is recorded
+    monkeypatch.setattr(StepRun, "step", lambda run, loss: steps.append(loss))
     out = model.training_step((x, torch.zeros(10, dtype=torch.long), torch.zeros(10, dtype=torch.long)), 0)
     assert len(steps) == 1
     assert torch.equal(out, steps[0].detach())

@@ -1,7 +1,7 @@
-"""The fused inner step (``learn_fused``: hand-written gradients, one fused Adam over views of a flat tensor)
-computes what the autograd chunk-by-chunk path computes, bit for bit (tolerance 0): the same per-point predictions,
+"""The fused engine (``step_kernel: fused``, ``learn_fused``: hand-written gradients, one fused Adam over views of a
+flat tensor) computes what the autograd engine computes, bit for bit (tolerance 0): the same per-point predictions,
 losses, weights and optimiser state after three tasks of slowly changing regression; a resumed fused run equals an
-uninterrupted one; chunked stepping refuses mixed precision.
+uninterrupted one; what it cannot serve is refused before the first batch.
 
 Bit for bit, not "to float32 rounding", because it has to be: on QOA's scorer several weights have an exact gradient
 of 0 (a shift of every score of a query leaves the softmax unchanged) and a computed one of rounding noise, which
@@ -33,17 +33,17 @@ def _fit(config: str, root: Path, fused: bool, extra: list[str] | None = None, c
     """A 3-task fit of 300 points a task, 64 steps a batch; records what ``learn_steps`` hands to the task means."""
     from cl_lightning.run.cli import main
 
-    cli = main(_args(config, root, 64, extra=extra), run=False)
+    kernel = f"--model.init_args.step_kernel={'fused' if fused else 'autograd'}"
+    cli = main(_args(config, root, 64, extra=[kernel, *(extra or [])]), run=False)
     model, seen = cli.model, {"online": [], "loss": []}
-    model.fused_steps = fused
-    add = model._add_deferred
+    add = model.add_task_terms
 
-    def record(deferred: dict, online: list, device: torch.device) -> None:
+    def record(deferred: dict, online: list) -> None:
         seen["online"] += [p.detach().clone().reshape(-1) for p, _ in online]
         seen["loss"] += [v.detach().clone().reshape(-1) for v in deferred.get("train/loss", ([], []))[0]]
-        add(deferred, online, device)
+        add(deferred, online)
 
-    model._add_deferred = record
+    model.add_task_terms = record
     cli.trainer.fit(model, cli.datamodule, ckpt_path=ckpt)
     cli.seen = {k: torch.cat(v) for k, v in seen.items()}
     return cli
@@ -78,9 +78,9 @@ def test_the_fused_step_equals_the_autograd_chunk_step(fit: str, tmp_path: Path)
     config, extra = FITS[fit]
     plain = _fit(config, tmp_path / "plain", fused=False, extra=extra)
     fused = _fit(config, tmp_path / "fused", fused=True, extra=extra)
-    adam = fused.model.__dict__.get("_flat_adam")
+    adam = fused.model.engine._flat
     assert adam is not None  # each path ran
-    assert "_flat_adam" not in plain.model.__dict__
+    assert not hasattr(plain.model.engine, "_flat")
     flat = range(adam.flat.data_ptr(), adam.flat.data_ptr() + adam.flat.numel() * 4)
     assert all(p.data_ptr() in flat for p in fused.model.parameters())  # views of the flat tensor
     state = fused.trainer.optimizers[0].state
@@ -125,34 +125,101 @@ def test_a_resumed_fused_run_equals_an_uninterrupted_one(fit: str, tmp_path: Pat
         assert _same_bits(value, resumed.trainer.callback_metrics[name]), name
 
 
-def test_an_optimiser_the_fused_step_cannot_reproduce_falls_back_with_a_warning(tmp_path: Path) -> None:
+def _refusal(config: str, root: Path, extra: list[str], kernel: str = "fused") -> str:
+    """The one-line error of fitting ``config`` with ``step_kernel`` ``kernel``, raised before the first batch."""
+    from cl_lightning.run.cli import main
+
+    cli = main(_args(config, root, 64, tasks=1, extra=[f"--model.init_args.step_kernel={kernel}", *extra]), run=False)
+    learned = []
+    cli.model.learn_chunk = lambda *a: learned.append(1)
+    with pytest.raises(ValueError, match="use step_kernel: autograd") as refused:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    assert not learned
+    assert "\n" not in str(refused.value)
+    return str(refused.value)
+
+
+def test_an_optimiser_the_fused_step_cannot_reproduce_is_refused(tmp_path: Path) -> None:
     sgd = ["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.init_args.lr=0.01"]
-    with pytest.warns(UserWarning, match="SGD"):
-        cli = _fit("bp_scr", tmp_path, fused=True, extra=sgd)
-    assert "_flat_adam" not in cli.model.__dict__
-    assert cli.seen["loss"].numel() == 900  # every point learned, chunk by chunk
+    message = _refusal("bp_scr", tmp_path, sgd)
+    assert message == (
+        "Backprop's step_kernel 'fused' cannot reproduce the optimiser is SGD, not Adam / AdamW / AdamGnT: "
+        "use step_kernel: autograd"
+    )
 
 
-def test_a_forward_hook_keeps_the_autograd_path(tmp_path: Path) -> None:
+def test_a_forward_hook_is_refused_by_the_fused_engine(tmp_path: Path) -> None:
     from cl_lightning.run.cli import main
 
     cli = main(_args("bp_scr", tmp_path, 64, tasks=1), run=False)
-    calls, asked = [], []
-    cli.model.net.layers[0].register_forward_hook(lambda *_: calls.append(1))
-    learn_fused = cli.model.learn_fused
-    cli.model.learn_fused = lambda *a: asked.append(1) or learn_fused(*a)
-    cli.trainer.fit(cli.model, cli.datamodule)
-    assert "_flat_adam" not in cli.model.__dict__
-    assert len(calls) >= 300  # the hook saw every training step
-    assert len(asked) == 5  # 300 points in batches of 64: refused once per batch, not once per chunk
+    cli.model.net.layers[0].register_forward_hook(lambda *_: None)
+    with pytest.raises(ValueError, match="step_kernel 'fused' would not call a module's forward hook"):
+        cli.trainer.fit(cli.model, cli.datamodule)
 
 
-def test_chunked_stepping_refuses_mixed_precision(tmp_path: Path) -> None:
+def test_the_fused_engine_refuses_mixed_precision(tmp_path: Path) -> None:
+    message = _refusal("bp_scr", tmp_path, ["--trainer.precision=bf16-mixed"])
+    assert "step_kernel 'fused' computes in full precision only, not trainer.precision 'bf16-mixed'" in message
+
+
+def test_mixed_precision_steps_through_the_autograd_engine(tmp_path: Path) -> None:
+    """The autograd engine steps through Lightning's precision plugin, at any ``steps_per_batch``."""
     from cl_lightning.run.cli import main
 
-    cli = main(_args("bp_scr", tmp_path, 64, tasks=1, extra=["--trainer.precision=bf16-mixed"]), run=False)
-    with pytest.raises(ValueError, match=r"precision.*steps_per_batch: 1"):
+    extra = ["--trainer.precision=bf16-mixed", "--model.init_args.step_kernel=autograd"]
+    cli = main(_args("bp_scr", tmp_path, 64, tasks=1, extra=extra), run=False)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.trainer.global_step == 300
+
+
+PMNIST = ["--data.stream.init_args.train_size=400"]  # one chunk of 400 a task
+
+
+@pytest.mark.parametrize(
+    ("config", "kernel", "extra", "message"),
+    [
+        (
+            "bp_pmnist",
+            "fused",
+            PMNIST,
+            "Backprop's step_kernel 'fused' fits regression only: use step_kernel: autograd",
+        ),
+        ("ewc_pmnist", "fused", PMNIST, "EWC has no fused step engine: use step_kernel: autograd"),
+        (
+            "qoa_scr",
+            "fused",
+            ["--model.init_args.sampler=uniform"],
+            "QueryOnlyAttention's step_kernel 'fused' needs each step's query to be the incoming point",
+        ),
+    ],
+    ids=["classification", "ewc", "qoa-uniform-sampler"],
+)
+def test_an_engine_the_learner_lacks_is_refused_at_construction(
+    config: str, kernel: str, extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """In one line, when the config is read (the CLI turns it into ``error: ...``), not at the first batch."""
+    from cl_lightning.run.cli import main
+
+    args = _args(config, tmp_path, 1, tasks=1, extra=[f"--model.init_args.step_kernel={kernel}", *extra])
+    with pytest.raises(SystemExit) as exited:
+        main(args, run=False)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_the_chosen_engine_is_what_runs(tmp_path: Path) -> None:
+    """``fused`` runs the fused steps once the learner's buffer fills (QOA), ``autograd`` never does."""
+    from cl_lightning.run.cli import main
+
+    calls: dict[str, list[int]] = {}
+    for kernel in ("fused", "autograd"):
+        extra = [f"--model.init_args.step_kernel={kernel}"]
+        cli = main(_args("qoa_scr", tmp_path / kernel, 64, tasks=1, extra=extra), run=False)
+        learn_fused, seen = cli.model.learn_fused, calls.setdefault(kernel, [])
+        cli.model.learn_fused = lambda batch, start, *a, f=learn_fused, s=seen: s.append(start) or f(batch, start, *a)
         cli.trainer.fit(cli.model, cli.datamodule)
+    # batches of 64 points: from the point whose supports are the 100 before it (36 of the second batch) on
+    assert calls == {"fused": [36, 0, 0, 0], "autograd": []}
 
 
 def _autograd_steps(

@@ -58,12 +58,12 @@ def test_no_other_module_touches_them() -> None:
         assert not names & PRIVATE, f"{path.relative_to(ROOT)} uses {sorted(names & PRIVATE)}"
 
 
-def test_the_loop_counters_are_used_in_the_adapter_and_base_py_only() -> None:
-    """``trainer.fit_loop`` is reached only in the adapter and in ``learners/base.py``'s chunked stepping, whose
-    counters :func:`missing_internals` checks (a new use elsewhere must go through the adapter)."""
+def test_the_loop_counters_are_used_in_the_adapter_only() -> None:
+    """``trainer.fit_loop`` is reached only in the adapter, whose counters :func:`missing_internals` checks (the step
+    engines count through :func:`~cl_lightning.lightning_compat.count_optimizer_steps`)."""
     users = sorted(
         str(path.relative_to(ROOT))
         for path in (ROOT / "cl_lightning").rglob("*.py")
         if "fit_loop" in {n.attr for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Attribute)}
     )
-    assert users == ["cl_lightning/learners/base.py", "cl_lightning/lightning_compat.py"]
+    assert users == ["cl_lightning/lightning_compat.py"]

@@ -92,7 +92,7 @@ def test_pseudo_tasks_are_contiguous_slices_of_equal_regions() -> None:
 def test_admission_probability_and_one_update_per_admitted_example() -> None:
     model = MAMLReplay(**TINY_MODEL, admission_prob=0.1, online_queries=0)
     calls = []
-    model._maybe_update = lambda gen: calls.append(len(model.buffer))
+    model._maybe_update = lambda gen, run: calls.append(len(model.buffer))
     batch = (torch.randn(4000, 3), torch.randint(0, 2, (4000,)), torch.zeros(4000, dtype=torch.long))
     model.training_step(batch, 0)
     assert 330 < int(model.buffer.n_seen) < 470  # Binomial(4000, 0.1): 400 ± 3.5σ

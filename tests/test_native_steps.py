@@ -1,6 +1,6 @@
 """The native step kernels (``step_kernel="native"``, ``cl_lightning/nn/native``): the fused steps' algorithm in C,
-equal to the torch path to float32 rounding, deterministic (a resumed run equals an uninterrupted one bit for bit),
-and refused clearly where they do not apply."""
+equal to the fused (torch) path to float32 rounding, deterministic (a resumed run equals an uninterrupted one bit for
+bit), and refused clearly where they do not apply."""
 
 from __future__ import annotations
 
@@ -206,7 +206,7 @@ def _fit(config: str, root: Path, kernel: str, extra: list[str] | None = None, c
 @pytest.mark.parametrize("config", ["bp_scr", "qoa_scr", "cbp_scr"])
 def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(config: str, tmp_path: Path) -> None:
     """CBP: units replaced in every task (about 12 a task), the same ones in both runs (its buffers compared)."""
-    torch_run = _fit(config, tmp_path / "torch", "torch")
+    torch_run = _fit(config, tmp_path / "torch", "fused")
     straight = _fit(config, tmp_path / "native", "native", extra=_checkpoint_each_task(tmp_path))
     for name, value in torch_run.trainer.callback_metrics.items():  # task means of 300-point tasks
         torch.testing.assert_close(straight.trainer.callback_metrics[name], value, rtol=2e-3, atol=1e-5, msg=name)
@@ -230,7 +230,7 @@ def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(confi
         (
             "ewc_pmnist",
             ["--data.stream.init_args.train_size=400"],
-            "EWC has no native step kernel: use step_kernel='torch'",
+            "EWC has no native step engine: use step_kernel: autograd",
         ),
         (
             "cbp_scr",
@@ -267,25 +267,25 @@ def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 @pytest.mark.parametrize(
     ("config", "extra", "reason"),
     [
-        (
-            "bp_scr",
-            ["--model.init_args.optimizer=cl_lightning.nn.AdamGnT"],
-            "the optimiser is AdamGnT, not Adam / AdamW",
-        ),
-        ("cbp_scr", ["--trainer.precision=64-true"], "the parameters are not float32 on the CPU"),
+        ("bp_scr", ["--model.init_args.optimizer=cl_lightning.nn.AdamGnT"], "implements Adam / AdamW, not AdamGnT"),
+        ("cbp_scr", ["--trainer.precision=64-true"], "computes in float32 only"),
     ],
     ids=["bp-adamgnt", "cbp-float64"],
 )
-def test_what_the_kernel_does_not_implement_keeps_the_torch_steps(
+def test_what_the_kernel_does_not_implement_is_refused_before_the_first_batch(
     config: str, extra: list[str], reason: str, tmp_path: Path
 ) -> None:
-    """Backprop configured with AdamGnT, CBP in float64: the fused step runs on the torch path, with one warning."""
-    with pytest.warns(UserWarning, match="no native step kernel") as warned:
-        cli = _fit(config, tmp_path, "native", extra=[*extra, "--data.stream.init_args.num_tasks=1"])
-    assert [str(w.message) for w in warned if "no native step kernel" in str(w.message)] == [
-        f"{type(cli.model).__name__}: no native step kernel ({reason}); torch fused steps"
-    ]
-    assert cli.trainer.global_step > 0
+    """Backprop configured with AdamGnT, CBP in float64: refused in one line when training starts."""
+    from cl_lightning.run.cli import main
+
+    kernel = "--model.init_args.step_kernel=native"
+    cli = main(_args(config, tmp_path, 64, extra=[kernel, *extra, "--data.stream.init_args.num_tasks=1"]), run=False)
+    with pytest.raises(ValueError, match="use step_kernel: autograd") as refused:
+        cli.trainer.fit(cli.model, cli.datamodule)
+    assert str(refused.value) == (
+        f"{type(cli.model).__name__}'s step_kernel 'native' {reason}: use step_kernel: autograd"
+    )
+    assert cli.trainer.global_step == 0
 
 
 def test_the_kernels_arguments_are_checked_field_by_field(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,6 +124,45 @@ def test_accepted_changes_use_the_config_values(tmp_path: Path) -> None:
     assert saved["optimizer_states"][0]["param_groups"][0]["lr"] == 0.002
 
 
+def _as_written_before_engines(path: Path) -> None:
+    """Rewrite a Backprop checkpoint as the code before step engines wrote it: hyperparameter ``step_kernel``
+    ``"torch"``, the optimiser steps counted by Lightning's automatic loop (Backprop optimised automatically)."""
+    checkpoint = torch.load(path, weights_only=False)
+    checkpoint["hyper_parameters"]["step_kernel"] = "torch"
+    loop = checkpoint["loops"]["fit_loop"]
+    manual = loop["epoch_loop.manual_optimization.optim_step_progress"]
+    automatic = loop["epoch_loop.automatic_optimization.optim_progress"]["optimizer"]
+    for tracker in ("total", "current"):
+        steps = manual[tracker]["completed"]
+        automatic["step"][tracker] = {"ready": steps, "completed": steps}
+        automatic["zero_grad"][tracker] = {"ready": steps, "completed": steps, "started": steps}
+        manual[tracker] = {"ready": 0, "completed": 0}
+    torch.save(checkpoint, path)
+
+
+def test_a_checkpoint_written_before_step_engines_resumes_exactly(tmp_path: Path) -> None:
+    """``step_kernel: torch`` and an automatic step count (a run of the code before engines): it resumes with the
+    default engine without ``--accept_changed_hparams``; weights and ``global_step`` equal an uninterrupted run's,
+    the curves those of the same resumes from a checkpoint of this code, and a second resume still counts right."""
+    straight = main(["fit", *tiny_args(tmp_path / "straight", BACKPROP, tasks=4, extra=CHECKPOINTS)])
+    runs = {}
+    for root, legacy in ((tmp_path / "new", False), (tmp_path / "old", True)):
+        main(["fit", *tiny_args(root, BACKPROP, tasks=2, extra=CHECKPOINTS)])
+        if legacy:
+            _as_written_before_engines(_run(root) / "checkpoints" / "last.ckpt")
+        for tasks in (3, 4):  # more tasks change the probe tasks: curves compared between the two folders
+            runs[legacy] = main(
+                ["fit", *tiny_args(root, BACKPROP, tasks=tasks, extra=[*CHECKPOINTS, "--ckpt_path=last"])]
+            )
+    resumed = runs[True]
+    assert resumed.model.hparams["step_kernel"] == "autograd"
+    assert resumed.trainer.global_step == runs[False].trainer.global_step == straight.trainer.global_step == 64
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert _scalars(_run(tmp_path / "old")) == _scalars(_run(tmp_path / "new"))
+
+
 def test_hparam_differences_lists_each_changed_value() -> None:
     saved = {"_class_path": "a.B", "hidden": (3, 4), "optimizer": {"init_args": {"lr": 0.1}}, "_instantiator": "x"}
     same = {"_class_path": "a.B", "hidden": [3, 4], "optimizer": {"init_args": {"lr": 0.1}}}

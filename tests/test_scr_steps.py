@@ -15,6 +15,7 @@ from torch import Tensor
 from cl_lightning.contract import StreamSteps
 from cl_lightning.data import SlowlyChangingRegression, StreamDataModule
 from cl_lightning.data.datamodule import ChunkDataset
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.run.compose import CALLBACK_SLOTS
 
 STEPPED = ["bp_scr", "qoa_scr", "cbp_scr", "knn_scr", "full_attention_scr", "maml_replay_scr"]
@@ -31,6 +32,7 @@ SMALLER = {  # MAML's paper buffer would not fill in these short tasks: small ps
         "--model.init_args.query_size=5", "--model.init_args.update_prob=0.2", "--model.init_args.memory_size=60",
     ],
 }  # fmt: skip
+KERNELS = {"bp_scr", "qoa_scr", "cbp_scr"}  # the learners with a step_kernel (their configs: fused)
 CHUNKED = ["delta_rule_scr", "gated_delta_rule_scr"]  # chunks of 64 through a parallel form: one per batch
 
 
@@ -61,26 +63,28 @@ def _checkpoint_each_task(root: Path) -> list[str]:
 
 def _recorded_fit(config: str, root: Path, steps: int) -> tuple[Any, dict[str, list[Tensor]]]:
     """Fit through the CLI, recording every online prediction and every task-mean term (training losses) the
-    learner logs, in order (its own methods, called through). Chunk by chunk: the fused step, which logs once per
-    batch, is compared with this path in ``tests/test_fused_steps.py``."""
+    learner logs, in order (the step run's methods, called through). The autograd engine, chunk by chunk: the fused
+    engine, which logs once per batch, is compared with it in ``tests/test_fused_steps.py``."""
     from cl_lightning.run.cli import main
 
-    cli = main(_args(config, root, steps), run=False)
-    model, seen = cli.model, {"online": [], "loss": []}
-    model.fused_steps = False
-    online_fn, mean_fn = model.log_online, model.log_task_mean
+    kernel = ["--model.init_args.step_kernel=autograd"] if config in KERNELS else []
+    cli = main(_args(config, root, steps, extra=kernel), run=False)
+    seen = {"online": [], "loss": []}
+    online_fn, mean_fn = StepRun.log_online, StepRun.log_task_mean
 
-    def log_online(pred: Tensor, y: Tensor, value: Tensor | None = None) -> None:
+    def log_online(run: StepRun, pred: Tensor, y: Tensor, value: Tensor | None = None) -> None:
         seen["online"].append(pred.detach().clone())
-        online_fn(pred, y, value)
+        online_fn(run, pred, y, value)
 
-    def log_task_mean(name: str, value: Tensor, weight: int = 1) -> None:
+    def log_task_mean(run: StepRun, name: str, value: Tensor, weight: int = 1) -> None:
         if name == "train/loss":
             seen["loss"].append(value.detach().clone())
-        mean_fn(name, value, weight)
+        mean_fn(run, name, value, weight)
 
-    model.log_online, model.log_task_mean = log_online, log_task_mean
-    cli.trainer.fit(model, cli.datamodule)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepRun, "log_online", log_online)
+        patch.setattr(StepRun, "log_task_mean", log_task_mean)
+        cli.trainer.fit(cli.model, cli.datamodule)
     return cli, seen
 
 
@@ -155,20 +159,21 @@ def test_qoa_online_prediction_reused_from_training_is_the_memory_prediction(tmp
     from the ``support_size`` stored before it with the same weights (what ``log_online_from_memory`` computes)."""
     from cl_lightning.run.cli import main
 
-    cli = main(_args("qoa_scr", tmp_path, 1, tasks=1), run=False)
-    model, online_fn, checked = cli.model, cli.model.log_online, []
+    cli = main(_args("qoa_scr", tmp_path, 1, tasks=1, extra=["--model.init_args.step_kernel=autograd"]), run=False)
+    model, online_fn, checked = cli.model, StepRun.log_online, []
 
-    def log_online(pred: Tensor, y: Tensor, value: Tensor | None = None) -> None:
+    def log_online(run: StepRun, pred: Tensor, y: Tensor, value: Tensor | None = None) -> None:
         if len(model.buffer) == model.buffer.capacity and model.buffer.n_seen > model.buffer.capacity:
             idx = model.buffer.newest(model.support_size + 1)  # the point just stored, after its supports
             with torch.no_grad():
                 ref = model.predict_support(model.buffer.get(idx[-1:])[0], *model.buffer.get(idx[:-1]))
             torch.testing.assert_close(pred, ref)
             checked.append(pred.requires_grad)
-        online_fn(pred, y, value)
+        online_fn(run, pred, y, value)
 
-    model.log_online = log_online
-    cli.trainer.fit(model, cli.datamodule)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(StepRun, "log_online", log_online)
+        cli.trainer.fit(model, cli.datamodule)
     assert len(checked) == 300 - 101  # every step after the buffer filled reused its training prediction
 
 

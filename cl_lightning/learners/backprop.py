@@ -7,17 +7,16 @@ ReLU, Kaiming-uniform init (the code; the table says Xavier), Adam lr 1e-4, one 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps
-from cl_lightning.learners import fused
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.learners.engines import StepKernel, StepRun, step_engine
 from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
-from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
+from cl_lightning.nn.flat_adam import FlatOptimizer
 from cl_lightning.nn.mlp import MLP, InitName
 
 
@@ -31,16 +30,17 @@ class Backprop(ContinualLearner):
             after the CNN on Split Tiny ImageNet, [40] on slowly changing regression).
         init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
         encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
-        step_kernel: What runs the fused one-point regression steps: ``"torch"`` (hand-written gradients as torch
-            operations, autograd's numbers bit for bit) or ``"native"`` (the same algorithm as one C loop per chunk,
-            :mod:`cl_lightning.nn.native`: equal to float32 rounding per step, many times faster on slowly changing
-            regression; needs a C compiler). Backprop and Continual Backprop (which has its own kernel); refused
-            by subclasses that step otherwise (EWC).
+        step_kernel: The step engine (:mod:`cl_lightning.learners.engines`), chosen once: ``"autograd"`` (default;
+            ``"torch"``, its former name, is the same), ``"fused"`` (hand-written MLP gradients and one Adam on a
+            flat tensor: autograd's numbers bit for bit, several times faster on one-point regression steps) or
+            ``"native"`` (the fused steps as one C loop per batch, :mod:`cl_lightning.nn.native`: equal to autograd
+            to float32 rounding in each step's predictions and gradients, not in every weight over a run; needs a C
+            compiler). ``fused`` and ``native`` fit regression on flat inputs, on the CPU, in full precision, with
+            Adam / AdamW (CBP: AdamGnT) and no forward hook on the net; anything else is refused before the first
+            batch. Learners that step in their own ``training_step`` (EWC) take ``"autograd"`` only.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """
-
-    native_optimizer: ClassVar[type[FlatOptimizer]] = FlatAdam  # the flat optimiser native_steps implements
 
     def __init__(
         self,
@@ -48,77 +48,45 @@ class Backprop(ContinualLearner):
         hidden_sizes: list[int] | None = None,
         init: InitName = "kaiming",
         encoder: Literal["flatten", "cnn"] = "flatten",
-        step_kernel: fused.StepKernel = "torch",
+        step_kernel: StepKernel = "autograd",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if step_kernel != "torch" and not self.has_native_kernel():
-            raise ValueError(f"{type(self).__name__} has no native step kernel: use step_kernel='torch'")
-        self.step_kernel = fused.check_step_kernel(step_kernel)
         hidden = [200, 200, 200, 200] if hidden_sizes is None else list(hidden_sizes)
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.net = MLP(features, self.num_outputs, hidden, init=init)
-
-    @classmethod
-    def has_native_kernel(cls) -> bool:
-        """Whether ``step_kernel="native"`` applies: Backprop's own chunk step, taken in ``StreamSteps`` batches."""
-        return cls.learns_steps() and cls.learn_chunk is Backprop.learn_chunk
+        self.step_kernel = step_kernel
+        self.engine = step_engine(step_kernel, self)
 
     def predict(self, x: Tensor) -> Tensor:
         """Logits (classification) or values (regression) of a batch of inputs."""
         return self.net(self.encoder(x))
 
     def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
-        """One gradient step on the chunk (Lightning's, on the returned loss); its logits before the step are the
-        online (prequential) prediction. ``StreamSteps``: the same step on each chunk in turn (:meth:`learn_steps`)."""
-        if isinstance(batch, StreamSteps):
-            return self.learn_steps(batch)
-        return self.chunk_loss(batch)
+        """One gradient step on each chunk of the batch in turn, its prediction before the step the online
+        (prequential) one (the step engine runs :meth:`learn_chunk`, or :meth:`learn_fused`)."""
+        return self.engine.learn(self, batch)
 
-    def chunk_loss(self, batch: StreamBatch) -> Tensor:
-        """Predict the chunk, log the online metric and return the loss."""
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor:
+        """Predict the chunk, log the online metric, then one optimiser step on its loss."""
         x, y, _ = batch
         pred = self.predict(x)
         loss = self.loss(pred, y)
-        self.log_online(pred, y, loss)
+        run.log_online(pred, y, loss)
+        run.step(loss)
         return loss
 
-    def learn_chunk(self, batch: StreamBatch) -> Tensor:
-        """:meth:`chunk_loss`, then one optimiser step on it."""
-        loss = self.chunk_loss(batch)
-        self.plain_step(loss)
-        return loss
+    def fused_refusal(self, chunk_size: int | None = None) -> str | None:
+        """The fused steps take flat inputs."""
+        return None if isinstance(self.encoder, nn.Flatten) else "needs encoder: flatten"
 
-    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
         """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
-        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`): regression on flat inputs, unless a subclass changed the
-        chunk step (CBP has its own)."""
-        if type(self).learn_chunk is not Backprop.learn_chunk:
-            return fused.refuse(self)
-        return self.fused_mlp_steps(batch, start)
-
-    def fused_mlp_steps(
-        self, batch: StreamSteps, start: int, after_step: Callable[[list[Tensor]], object] | None = None
-    ) -> Tensor | None:
-        """:meth:`learn_fused`'s steps, with ``after_step`` called on each step's hidden features after its update
-        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or :meth:`native_steps` (which does what
-        ``after_step`` does) with ``step_kernel="native"``; ``None`` where no fused step applies."""
-        if not isinstance(self.encoder, nn.Flatten):
-            return fused.refuse(self)
-        adam = fused.fused_adam(self)
-        if adam is None:
-            return None
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or in C (its :mod:`~cl_lightning.nn.native` form)."""
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
-        if fused.uses_native(self, adam, self.native_optimizer):
-            preds = self.native_steps(adam, x, y.to(x.dtype))
-        else:
-            preds = fused_steps.mlp_mse_steps(list(self.net.layers), adam, x, y.to(x.dtype), after_step)
-        return fused.finish_fused(self, adam, preds, y, x.shape[1])
-
-    def native_steps(self, adam: FlatOptimizer, xs: Tensor, ys: Tensor) -> Tensor:
-        """:meth:`fused_mlp_steps`' steps in C (``step_kernel="native"``): ``xs (T, B, D)``, ``ys (T, B, k)``
-        ``-> predictions (T, B, k)`` (:func:`~cl_lightning.nn.native.mlp_mse_steps`)."""
-        return native.mlp_mse_steps(list(self.net.layers), adam, xs, ys)
+        steps = native.mlp_mse_steps if in_c else fused_steps.mlp_mse_steps
+        preds = steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        return run.add_fused(preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """The network's predictions on the queries (Backprop has no use for the context)."""

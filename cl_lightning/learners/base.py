@@ -15,10 +15,12 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
+from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
-from cl_lightning.learners import chunked
 from cl_lightning.learners.arguments import running_arguments, taken_arguments
+from cl_lightning.learners.engines import StepRun, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
+from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
@@ -49,7 +51,7 @@ class ContinualLearner(LightningModule, ABC):
     """
 
     fixed_arguments: ClassVar[tuple[str, ...]] = ()  # a parent's arguments the subclass sets itself (not config keys)
-    fused_steps = True  # learn_steps may hand chunks to learn_fused (an implementation switch, not a hyper-parameter)
+    native_optimizer: ClassVar[type[FlatOptimizer]] = FlatAdam  # the flat optimiser the learner's C kernel implements
 
     def __init__(
         self,
@@ -69,7 +71,9 @@ class ContinualLearner(LightningModule, ABC):
         self.register_buffer("steps_taken", torch.zeros((), dtype=torch.long))  # counter for (seed, step) RNG
         self._steps = 0  # host shadow of steps_taken (the checkpointed tensor), reread on load
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
-        self._chunked: chunked.ChunkedRun | None = None  # the running StreamSteps batch's bookkeeping (learn_steps)
+        # what runs a batch's steps (engines.py; Backprop and QOA choose it with step_kernel); None: training_step
+        self.engine = step_engine("autograd", self)
+        self.automatic_optimization = self.engine is None  # an engine steps the optimiser itself, in every batch
         # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
         self.save_hyperparameters(ignore=sorted(running_arguments(type(self)) - self.arguments()))
 
@@ -131,10 +135,7 @@ class ContinualLearner(LightningModule, ABC):
         """Log the prequential metric of predictions made *before* learning from ``y`` (per-task mean)."""
         if pred.shape[0] == 0:
             return
-        if self._chunked is not None:  # inside learn_steps: scored once per batch
-            self._chunked.online.append((pred.detach(), y))
-        else:
-            self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
+        self.log_task_mean(online_key(self.metric_name), self.score(pred.detach(), y), pred.shape[0])
         if loss is not None:
             self.log_task_mean("train/loss", loss, pred.shape[0])
 
@@ -146,73 +147,66 @@ class ContinualLearner(LightningModule, ABC):
         step: ``benchmarks/loop_overhead.py``), and averages over every DDP rank's chunks rather than reporting rank
         0's alone.
         """
-        if self._chunked is not None:  # inside learn_steps: added once per batch
-            self._chunked.add(name, value, weight)
-            return
         task_mean(self._task_means, name, value.device).update(value, weight)
 
     @classmethod
     def learns_steps(cls) -> bool:
-        """Whether the learner takes :class:`~cl_lightning.contract.StreamSteps` batches: its :meth:`learn_chunk`
-        is its own or a subclass's, not an ancestor's below an overriding ``training_step`` (EWC's penalty)."""
+        """Whether the learner's batches go through a step engine (:mod:`~cl_lightning.learners.engines`): its
+        :meth:`learn_chunk` is its own or a subclass's, not an ancestor's below an overriding ``training_step`` (EWC's
+        penalty)."""
         owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("learn_chunk", "training_step")}
         return owner["learn_chunk"] is not ContinualLearner and issubclass(owner["learn_chunk"], owner["training_step"])
 
-    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        """A :class:`~cl_lightning.contract.StreamSteps` batch: the learner steps itself (manual optimisation), if it
-        can (:func:`~cl_lightning.learners.chunked.check_steps`)."""
-        if isinstance(batch, StreamSteps):
-            chunked.check_steps(self)
-            if self.automatic_optimization:  # the first one: global_step goes on from the automatic loop's count
-                self._count_steps(
-                    self.trainer.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer_steps
-                )
-                self.automatic_optimization = False
+    @classmethod
+    def has_fused_steps(cls) -> bool:
+        """Whether the fused engines apply: the learner's :meth:`learn_fused` is written for its own chunk step (the
+        same class defines both: a subclass that changes the chunk step, EWC's penalty, has none)."""
+        owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("learn_chunk", "learn_fused")}
+        return cls.learns_steps() and owner["learn_fused"] is owner["learn_chunk"] is not ContinualLearner
 
-    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
-        """Predict one chunk (:meth:`log_online`), then learn from it through :meth:`plain_step`; the loss, or ``None``
-        when no step was taken. What :meth:`learn_steps` runs per chunk; learners that take ``StreamSteps`` define it.
-        """
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None:
+        """Predict one chunk (``run.log_online``), then learn from it through ``run.step``; the loss, or ``None``
+        when no step was taken. What a step engine runs per chunk; learners that take ``StreamSteps`` define it."""
         raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
 
-    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
-        """Learn chunks ``start..`` of the batch through a fused inner step (the numbers of :meth:`learn_chunk` on
-        each, bit for bit: ``learners/fused.py``) and return their summed loss; ``None`` (the default) where no fused
-        step applies now, and :meth:`learn_chunk` takes chunk ``start``. Asked again at the next chunk unless it set
-        ``ChunkedRun.fused_refused`` (``fused.fused_adam`` does: nothing it checks changes inside a batch)."""
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
+        """Learn chunks ``start..`` of the batch through fused steps on ``adam`` (bound to the optimiser), in C with
+        ``in_c``: the numbers of :meth:`learn_chunk` on each (bit for bit; to float32 rounding in C), booked with
+        ``run.add_fused``; the summed loss. What the fused and native engines run; none by default."""
+        raise NotImplementedError(f"{type(self).__name__} has no fused steps")
+
+    def fused_ready(self, batch: StreamSteps, start: int) -> bool:
+        """Whether :meth:`learn_fused` computes chunk ``start`` on (default: always; QOA: once its step's query is
+        the incoming point). Before, the engine runs :meth:`learn_chunk`."""
+        return True
+
+    def fused_refusal(self, chunk_size: int | None = None) -> str | None:
+        """Why this learner's settings (and, once training starts, the stream's ``chunk_size``) keep its fused steps
+        from computing :meth:`learn_chunk`'s numbers, as a phrase; ``None`` when they do."""
         return None
 
-    def plain_step(self, loss: Tensor) -> None:
-        """One optimiser step on ``loss`` inside :meth:`learn_steps`: the optimiser itself, without Lightning's
-        wrapper (:meth:`~cl_lightning.learners.chunked.ChunkedRun.step`)."""
-        self._chunked.step(loss)
-
-    def learn_steps(self, batch: StreamSteps) -> Tensor | None:
-        """:meth:`learn_chunk` on each chunk of the batch in arrival order (each predicted, then learned, before the
-        next is seen: the one-chunk-per-batch algorithm), the task means added once; the summed losses
-        (:func:`~cl_lightning.learners.chunked.learn_steps`: the optimiser stepped by hand, terms held back)."""
-        return chunked.learn_steps(self, batch)
-
-    def _count_steps(self, steps: int) -> None:
-        """Add ``steps`` to Lightning's count of manual optimiser steps (``trainer.global_step``); the fit loop's
-        counters are reached in this module only, outside the adapter (``tests/test_lightning_compat.py``)."""
-        progress = self.trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-        for tracker in (progress.total, progress.current):
-            tracker.ready += steps
-            tracker.completed += steps
-
-    def _add_deferred(self, deferred: Terms, online: list[tuple[Tensor, Tensor]], device: torch.device) -> None:
-        """Add a ``StreamSteps`` batch's held-back task-mean terms, its online predictions scored as one term."""
+    def add_task_terms(self, terms: Terms, online: list[tuple[Tensor, Tensor]]) -> None:
+        """Add a batch's held-back task-mean terms, its online predictions scored as one term (a step engine's)."""
         if online:  # the weighted mean of the chunks' scores is the score of all their examples (float64)
             pred, y = torch.cat([p for p, _ in online]), torch.cat([t for _, t in online])
-            values, weights = deferred.setdefault(online_key(self.metric_name), ([], []))
+            values, weights = terms.setdefault(online_key(self.metric_name), ([], []))
             values.append(self.score(pred.double(), y))
             weights.append(pred.shape[0])
-        add_terms(self._task_means, deferred, device)
+        add_terms(self._task_means, terms, self.device)
 
     def on_fit_start(self) -> None:
-        """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``)."""
+        """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``);
+        refuse ``StreamSteps`` batches (``data.steps_per_batch`` > 1) without a step engine to learn them."""
         drop_unloadable_nvml_check()
+        if self.engine is None and getattr(self.trainer.datamodule, "steps_per_batch", 1) > 1:
+            raise TypeError(f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1")
+
+    def on_train_start(self) -> None:
+        """Refuse a run the step engine cannot serve (:meth:`~cl_lightning.learners.engines.AutogradEngine.check_run`)
+        and count a checkpoint's automatic-optimisation steps as the engine's (one written before engines)."""
+        if self.engine is not None:
+            self.engine.check_run(self)
+            lightning_compat.adopt_automatic_steps(self.trainer)
 
     def on_train_epoch_start(self) -> None:
         """Start the task means of :meth:`log_task_mean` afresh."""

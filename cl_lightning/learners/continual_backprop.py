@@ -14,11 +14,11 @@ Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path
 AdamGnT and leaves SGD's alone (the reference's two options); any other optimiser, whose per-unit state would go
 stale silently, is refused in ``configure_optimizers``.
 
-One-point streams (slowly changing regression, ``StreamSteps`` batches): :meth:`learn_fused` computes
-:meth:`learn_chunk`'s numbers bit for bit with hand-written gradients and AdamGnT over views of one flat tensor,
-generate-and-test after each update as here (``tests/test_fused_steps.py``). ``step_kernel="native"`` runs those
-steps and generate-and-test's test in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`), to float32 rounding; the
-rare replacements stay in Python, so the redrawn weights are the torch path's draws.
+One-point regression (``step_kernel: fused``): :meth:`learn_fused` computes :meth:`learn_chunk`'s numbers bit for bit
+with hand-written gradients and AdamGnT over views of one flat tensor, generate-and-test after each update as here
+(``tests/test_fused_steps.py``). ``step_kernel: native`` runs those steps and generate-and-test's test in C
+(:func:`~cl_lightning.nn.native.cbp_mse_steps`), to float32 rounding per step; the rare replacements stay in Python,
+so the redrawn weights are the fused path's draws.
 
 DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
 examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the
@@ -35,9 +35,9 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor
 
 from cl_lightning.contract import StreamBatch, StreamSteps
-from cl_lightning.learners import fused
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.nn import native
+from cl_lightning.learners.engines import StepRun
+from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import FlatAdamGnT, FlatOptimizer
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
@@ -65,10 +65,11 @@ class ContinualBackprop(Backprop):
         **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
             [200, 200, 200, 200], Kaiming-uniform init; generate-and-test acts on the MLP head only), ``seed``,
             the seed of the redrawn weights (draws depend on ``(seed, step)`` only), and ``step_kernel``:
-            ``"native"`` runs the fused one-point steps with AdamGnT and generate-and-test's test in C
-            (:func:`~cl_lightning.nn.native.cbp_mse_steps`: equal to the torch path to float32 rounding, the
-            replacements and their draws in Python as there); it needs ``accumulate=True`` and, to apply,
-            AdamGnT on float32 CPU parameters (else the torch fused steps run, with one warning).
+            ``"fused"`` (AdamGnT on a flat tensor, generate-and-test after each update: autograd's numbers bit for
+            bit) or ``"native"`` (those steps and generate-and-test's test in C,
+            :func:`~cl_lightning.nn.native.cbp_mse_steps`: equal to autograd to float32 rounding per step, the
+            replacements and their draws in Python as there; it needs ``accumulate=True`` and AdamGnT on float32
+            parameters, else it is refused before the first batch).
     """
 
     native_optimizer = FlatAdamGnT
@@ -101,13 +102,8 @@ class ContinualBackprop(Backprop):
         if self.step_kernel == "native" and not accumulate:
             raise ValueError(
                 "ContinualBackprop's native step kernel needs accumulate=True (accumulate=False draws a random "
-                "number at every step to round the replacement count): use step_kernel='torch'"
+                "number at every step to round the replacement count): use step_kernel: fused"
             )
-
-    @classmethod
-    def has_native_kernel(cls) -> bool:
-        """Whether ``step_kernel="native"`` applies: this class's chunk step, taken in ``StreamSteps`` batches."""
-        return cls.learns_steps() and cls.learn_chunk is ContinualBackprop.learn_chunk
 
     def predict_with_features(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Outputs and the post-ReLU features of every hidden layer (the same computation as ``MLP.forward``)."""
@@ -117,66 +113,40 @@ class ContinualBackprop(Backprop):
             features.append(h)
         return self.net.layers[-1](h), features
 
-    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> dict[str, Any] | Tensor | None:
-        """Loss of the chunk (logged as the online metric); its features go to generate-and-test after the step.
-        ``StreamSteps``: step and generate-and-test on each chunk in turn (:meth:`learn_steps`)."""
-        if isinstance(batch, StreamSteps):
-            return self.learn_steps(batch)
-        loss, features = self._loss_and_features(batch)
-        return {"loss": loss, "features": features}
-
-    def _loss_and_features(self, batch: StreamBatch) -> tuple[Tensor, list[Tensor]]:
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor:
+        """One optimiser step on the chunk, then generate-and-test on its features (``ContinualBackprop.learn``);
+        under DDP on every rank's features, so all ranks replace the same units."""
         x, y, _ = batch
         pred, features = self.predict_with_features(x)
         loss = self.loss(pred, y)
-        self.log_online(pred, y, loss)
-        return loss, [h.detach() for h in features]
-
-    def learn_chunk(self, batch: StreamBatch) -> Tensor:
-        """One optimiser step on the chunk, then generate-and-test on its features (``ContinualBackprop.learn``)."""
-        optimizer = self._chunked.optimizer
-        loss, features = self._loss_and_features(batch)
-        self.plain_step(loss)
-        self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
+        run.log_online(pred, y, loss)
+        run.step(loss)
+        features = [h.detach() for h in features]
+        if self.trainer.world_size > 1:  # DDP: every rank tests the whole chunk
+            features = [self.all_gather(h).flatten(0, 1) for h in features]  # (W, B, H) -> (W·B, H)
+        self.gnt.step(list(self.net.layers), features, run.optimizer, self.step_generator())
         return loss
 
-    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
         """Chunks ``start..`` as :meth:`learn_chunk` learns them, by hand-written MLP gradients, one flat AdamGnT
         update and generate-and-test on the step's features after each update
-        (:meth:`~cl_lightning.learners.backprop.Backprop.fused_mlp_steps`): regression on flat inputs."""
-        if type(self).learn_chunk is not ContinualBackprop.learn_chunk:
-            return fused.refuse(self)
-        layers, optimizer, draws = list(self.net.layers), self._chunked.optimizer, itertools.count(self._steps)
+        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`);
+        step ``t`` draws from the generator of step ``steps taken + t`` either way."""
+        xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
+        layers, optimizer, first = list(self.net.layers), run.optimizer, self._steps
+        if in_c:
+            preds = native.cbp_mse_steps(
+                layers, adam, self.gnt, xs, y.to(xs.dtype), optimizer, lambda t: self.generator_at(first + t)
+            )
+        else:
+            draws = itertools.count(first)
 
-        def generate_and_test(features: list[Tensor]) -> None:
-            self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
+            def generate_and_test(features: list[Tensor]) -> None:
+                self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
 
-        loss = self.fused_mlp_steps(batch, start, generate_and_test)
-        if loss is not None:  # the steps step_generator would have counted, at once
-            self.count_steps(batch.x.shape[0] - start)
-        return loss
-
-    def native_steps(self, adam: FlatOptimizer, xs: Tensor, ys: Tensor) -> Tensor:
-        """:meth:`learn_fused`'s steps in C, generate-and-test included (``step_kernel="native"``,
-        :func:`~cl_lightning.nn.native.cbp_mse_steps`); step ``t`` of the chunk draws from the generator of step
-        ``steps taken + t``, as the torch path."""
-        first, optimizer = self._steps, self._chunked.optimizer
-
-        def generator_at(t: int) -> torch.Generator:
-            return self.generator_at(first + t)
-
-        return native.cbp_mse_steps(list(self.net.layers), adam, self.gnt, xs, ys, optimizer, generator_at)
-
-    def on_train_batch_end(self, outputs: dict[str, Any] | Tensor | None, batch: StreamBatch, batch_idx: int) -> None:
-        """Generate-and-test after the optimiser step (``ContinualBackprop.learn``); ``learn_chunk`` did it already
-        for a ``StreamSteps`` batch."""
-        features = outputs.get("features") if isinstance(outputs, dict) else None
-        if features is None:
-            return
-        optimizer = self.trainer.optimizers[0] if self.trainer.optimizers else None
-        if self.trainer.world_size > 1:  # DDP: every rank tests the whole chunk, so all replace the same units
-            features = [self.all_gather(h).flatten(0, 1) for h in features]  # (W, B, H) -> (W·B, H)
-        self.gnt.step(list(self.net.layers), features, optimizer, self.step_generator())
+            preds = fused_steps.mlp_mse_steps(layers, adam, xs, y.to(xs.dtype), generate_and_test)
+        self.count_steps(xs.shape[0])  # the steps step_generator would have counted, at once
+        return run.add_fused(preds, y, xs.shape[1])
 
     def on_train_epoch_end(self) -> None:
         """Log how many units have been replaced so far (all layers)."""

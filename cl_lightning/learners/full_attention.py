@@ -22,6 +22,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.transformer import TinyTransformer
@@ -118,11 +119,11 @@ class FullAttention(ReplayLearner):
         """One support set plus the step's queries."""
         return self.support_size + self.queries_per_step
 
-    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk's tail, learn on the newest example(s)."""
         x, y, task_id = batch
         x = x.flatten(1)
-        self.log_online_from_memory(x, y)
+        self.log_online_from_memory(x, y, run)
         tail = slice(-self.admit_last if self.admit_last is not None else None, None)
         self.buffer.add(x[tail], y[tail], task_id[tail])
         if not self.ready():
@@ -130,6 +131,6 @@ class FullAttention(ReplayLearner):
         idx = self.buffer.newest(self.support_size + self.queries_per_step)  # supports, then the newest as queries
         (sx, sy), (qx, qy) = self.buffer.get(idx[: self.support_size]), self.buffer.get(idx[self.support_size :])
         loss = self.loss(self.attend(qx, sx, sy), qy)
-        self.replay_step(loss)
-        self.log_task_mean("train/loss", loss, qx.shape[0])
+        run.step(loss)
+        run.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.learners.replay import ReplayLearner
 
 
@@ -74,9 +75,6 @@ class KNN(ReplayLearner):
         if (k is not None and k < 1) or bandwidth <= 0:
             raise ValueError("k must be >= 1 (or null) and bandwidth > 0")
         self.k, self.weighting, self.bandwidth = k, weighting, bandwidth
-        # Never steps, so nothing to skip: Lightning's automatic loop counts every chunk as a step (global_step), which
-        # is what checkpoint callbacks key on; under manual optimisation a learner without steps is never saved.
-        self.automatic_optimization = True
 
     def configure_optimizers(self) -> None:
         """Nothing to optimise: Lightning still runs every epoch and evaluation (checked in the tests)."""
@@ -104,9 +102,10 @@ class KNN(ReplayLearner):
         pred = knn_predict(query_x, support_x, values.to(query_x.dtype), self.k, self.weighting, self.bandwidth)
         return pred.clamp_min(1e-12).log() if classification else pred
 
-    def learn_chunk(self, batch: StreamBatch) -> None:
-        """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step."""
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> None:
+        """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step (the engine
+        counts each chunk in ``global_step``, as Lightning's loop would, which checkpoint callbacks key on)."""
         x, y, task_id = batch
         x = x.flatten(1)
-        self.log_online_from_memory(x, y)
+        self.log_online_from_memory(x, y, run)
         self.buffer.add(x, y, task_id, self.step_generator() if self.buffer.mode == "reservoir" else None)

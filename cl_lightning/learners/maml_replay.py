@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from cl_lightning.contract import StreamBatch
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import pseudo_task_sample
 from cl_lightning.nn.cnn import make_encoder
@@ -139,7 +140,7 @@ class MAMLReplay(ReplayLearner):
         """The MLP's output layer."""
         return self.net[1].layers[-1]
 
-    def _maybe_update(self, gen: torch.Generator) -> None:
+    def _maybe_update(self, gen: torch.Generator, run: StepRun) -> None:
         if not self.ready() or (self.update_prob < 1 and float(torch.rand((), generator=gen)) >= self.update_prob):
             return
         q_idx, s_idx = pseudo_task_sample(
@@ -148,25 +149,25 @@ class MAMLReplay(ReplayLearner):
         s_idx, q_idx = s_idx.to(self.device, non_blocking=True), q_idx.to(self.device, non_blocking=True)
         (sx, sy), (qx, qy) = self.buffer.get(s_idx), self.buffer.get(q_idx)
         loss = self.meta_loss(sx, sy, qx, qy)
-        self.replay_step(loss)
-        self.log_task_mean("train/loss", loss)
+        run.step(loss)
+        run.log_task_mean("train/loss", loss)
 
-    def learn_chunk(self, batch: StreamBatch) -> None:
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> None:
         """Online metric, then admit examples to the buffer and run the meta-updates they trigger."""
         x, y, task_id = batch
         x = x.flatten(1)
         gen = self.step_generator()
-        self.log_online_from_memory(x, y)  # adapted_predict differentiates the inner loop even under no_grad
+        self.log_online_from_memory(x, y, run)  # adapted_predict differentiates the inner loop even under no_grad
         admitted = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).nonzero().flatten()  # on the host
         admit = admitted.to(x.device, non_blocking=True)  # indices, not a mask: no device read
         x, y, task_id = x[admit], y[admit], task_id[admit]
         if self.update_on == "chunk":
             self.buffer.add(x, y, task_id)
-            self._maybe_update(gen)
+            self._maybe_update(gen, run)
             return
         for i in range(x.shape[0]):  # sequential in the authors' code: each admitted example, then its update
             self.buffer.add(x[i : i + 1], y[i : i + 1], task_id[i : i + 1])
-            self._maybe_update(gen)
+            self._maybe_update(gen, run)
 
     def adapted_predict(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Adapt a copy of θ on the context (first order, θ untouched) and predict the queries.

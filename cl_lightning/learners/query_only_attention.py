@@ -20,12 +20,14 @@ import torch
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps
-from cl_lightning.learners import fused
+from cl_lightning.learners.engines import StepKernel, StepRun, step_engine
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
+from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
+from cl_lightning.nn.flat_adam import FlatOptimizer
 from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
@@ -63,9 +65,14 @@ class QueryOnlyAttention(ReplayLearner):
             compiled steps save (measured: :mod:`cl_lightning.nn.compiled`).
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
-        step_kernel: What runs the fused one-point steps of label-free regression: ``"torch"`` (autograd's numbers
-            bit for bit) or ``"native"`` (one C loop per chunk, :mod:`cl_lightning.nn.native`: equal to float32
-            rounding per step; needs a C compiler). :class:`~cl_lightning.learners.Backprop`'s argument.
+        step_kernel: The step engine (:mod:`cl_lightning.learners.engines`), chosen once: ``"autograd"`` (default;
+            ``"torch"``, its former name, is the same), ``"fused"`` (label-free regression with one point a chunk
+            and the sliding sampler: hand-written scorer gradients and one Adam on a flat tensor once each step's
+            query is the incoming point, autograd's numbers bit for bit) or ``"native"`` (those steps as one C loop
+            per batch: equal to autograd to float32 rounding in each step's predictions and gradients, not in every
+            weight over a run, since some scorer weights have an exact gradient of 0 and take ±lr Adam steps from
+            either path's rounding noise; needs a C compiler). A run they cannot serve is refused before the first
+            batch (:class:`~cl_lightning.learners.Backprop`'s argument).
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
             linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """
@@ -86,7 +93,7 @@ class QueryOnlyAttention(ReplayLearner):
         eval_across_ranks: bool = False,
         compile: bool = False,
         compile_mode: Literal["default", "reduce-overhead", "max-autotune"] = "default",
-        step_kernel: fused.StepKernel = "torch",
+        step_kernel: StepKernel = "autograd",
         **kwargs: Any,
     ) -> None:
         super().__init__(memory_size=memory_size, support_size=support_size, online_queries=online_queries, **kwargs)
@@ -98,13 +105,14 @@ class QueryOnlyAttention(ReplayLearner):
         self.use_labels = use_labels and self.task_type == "classification"
         self.eval_across_ranks = eval_across_ranks
         self.compile, self.compile_mode = compile, compile_mode
-        self.step_kernel = fused.check_step_kernel(step_kernel)
         self._compiled_loss = LazyCompile(self._query_forward, compile_mode) if compile else None  # not module state
         self.encoder, features = make_encoder(encoder, self.input_shape)
         labels = self.num_outputs if self.use_labels else 0
         self.scorer = PairScorer(features, labels, hidden, num_hidden_layers)
         if sampler == "window" and self.task_type == "classification":
             self.buffer.keep_host_labels()  # the window sampler draws from host labels: no device read per step
+        self.step_kernel = step_kernel
+        self.engine = step_engine(step_kernel, self)
 
     def attend(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
         """Class logits ``(Q, C)`` (sum of raw scores per class) or regression values ``(Q, k)`` (softmax over S)."""
@@ -128,39 +136,55 @@ class QueryOnlyAttention(ReplayLearner):
         """A full buffer (authors' code), or one support set plus the step's queries."""
         return self.buffer.capacity if self.start_when_full else self.support_size + self.queries_per_step
 
-    def learn_chunk(self, batch: StreamBatch) -> Tensor | None:
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
         shared = self._online_is_the_query(x)
         if not shared:
-            self.log_online_from_memory(x, y)  # the newest support_size stored examples are the support set
+            self.log_online_from_memory(x, y, run)  # the newest support_size stored examples are the support set
         self.buffer.add(x, y, task_id, gen, host_y=self.host_labels(y))
         if not self.ready():
             return None
         (qx, qy), (sx, sy) = draw_support(self.buffer, self.sampler, self.support_size, self.queries_per_step, gen)
         loss, pred = self.query_forward(qx, qy, sx, sy)
         if shared:  # the same supports, weights and query: the online prediction is this one
-            self.log_online(pred.detach(), y)
-        self.replay_step(loss)
-        self.log_task_mean("train/loss", loss, qx.shape[0])
+            run.log_online(pred.detach(), y)
+        run.step(loss)
+        run.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
 
-    def learn_fused(self, batch: StreamSteps, start: int) -> Tensor | None:
-        """Chunks ``start..`` by hand-written scorer gradients and one fused Adam
-        (:func:`~cl_lightning.nn.fused_steps.attention_mse_steps`) once each is its step's query over the
-        ``support_size`` points before it (:meth:`_online_is_the_query`), on regression without labels."""
+    def fused_refusal(self, chunk_size: int | None = None) -> str | None:
+        """The fused steps: label-free queries on flat inputs, eager, each step's query the incoming point."""
+        if self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
+            return "needs use_labels: false, compile: false and encoder: flatten"
+        if self.online_queries < 1 or not query_is_incoming(
+            self.sampler, self.buffer, self.queries_per_step, chunk_size or 1
+        ):
+            return (
+                "needs each step's query to be the incoming point (sampler: sliding, buffer_mode: fifo, "
+                "queries_per_step: 1, online_queries >= 1, one point a chunk)"
+            )
+        return None
+
+    def fused_ready(self, batch: StreamSteps, start: int) -> bool:
+        """Once chunk ``start`` is its step's query over the ``support_size`` points before it
+        (:meth:`_online_is_the_query`); before, the buffer fills (no step, or none with the incoming query)."""
+        return self._online_is_the_query(batch.x[start].flatten(1))
+
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
+        """Chunks ``start..``, point ``t`` the query of step ``t`` over the ``S`` points before it, the first
+        step's being :meth:`memory_support` (each later point joins them), through
+        :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` or its C form."""
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
-        if batch.x.shape[1] != 1 or self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
-            return fused.refuse(self)
-        adam = fused.fused_adam(self) if self._online_is_the_query(x[:1]) else None
-        if adam is None:
-            return None
-        preds = fused.attention_steps(self, adam, self.scorer, self.memory_support(), x, y)
+        sx, sy = self.memory_support()
+        window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
+        steps = native.attention_mse_steps if in_c else fused_steps.attention_mse_steps
+        preds = steps(self.scorer.first, [*self.scorer.hidden, self.scorer.out], adam, window_x, window_y, sx.shape[0])
         self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
-        return fused.finish_fused(self, adam, preds, y[:, None], 1)
+        return run.add_fused(preds, y[:, None], 1)
 
     def _online_is_the_query(self, x: Tensor) -> bool:
         """Whether the online prediction of ``x`` equals this step's training prediction: the buffer answers before

@@ -3,10 +3,11 @@
 What they share: a buffer of the stream's examples (inputs stored flat, labels or regression targets), an online
 metric predicted from the newest stored examples before the chunk is stored, episodes answered from the first
 ``support_size`` context examples (or, with no context, the newest stored ones), and one rule for steps while the
-memory fills: no step at all. The rule is DDP-safe because the learners optimise manually (Lightning refuses a
-skipped automatic step under DDP) and because every rank skips the same chunks: the data module gives every rank an
-equal share of every chunk, so every rank's buffer holds the same number of examples and every rank's readiness,
-drawn from the same ``(seed, step)`` generators, flips on the same chunk. A rank never calls backward alone.
+memory fills: no step at all. The rule is DDP-safe because the learners optimise manually (their step engine:
+Lightning refuses a skipped automatic step under DDP) and because every rank skips the same chunks: the data module
+gives every rank an equal share of every chunk, so every rank's buffer holds the same number of examples and every
+rank's readiness, drawn from the same ``(seed, step)`` generators, flips on the same chunk. A rank never calls
+backward alone.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ from torch import Tensor
 
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.base import ContinualLearner
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
 
 class ReplayLearner(ContinualLearner):
     """A learner answering from a support set drawn from its replay buffer (manual optimisation).
 
-    Subclasses implement :meth:`predict_support` (predictions for queries given a support set), ``training_step``
-    (usually :meth:`log_online_from_memory`, ``self.buffer.add``, then :meth:`replay_step` once :meth:`ready`) and
+    Subclasses implement :meth:`predict_support` (predictions for queries given a support set), ``learn_chunk``
+    (usually :meth:`log_online_from_memory`, ``self.buffer.add``, then ``run.step`` once :meth:`ready`) and
     :meth:`output_layer`; learners that step override :attr:`ready_size`.
 
     The head of the replay learners: they take these arguments, and :class:`ContinualLearner`'s, through
@@ -63,7 +65,6 @@ class ReplayLearner(ContinualLearner):
         classification = self.task_type == "classification"
         y_shape, y_dtype = ((), torch.long) if classification else ((self.num_outputs,), torch.float32)
         self.buffer = ReplayBuffer(memory_size, (math.prod(self.input_shape),), y_shape, buffer_mode, y_dtype)
-        self.automatic_optimization = False  # see the module docstring: skipped steps under DDP
         self._host_batch_y: Tensor | None = None  # the running chunk's labels before their transfer to the device
 
     def on_before_batch_transfer(self, batch: object, dataloader_idx: int) -> object:
@@ -99,7 +100,7 @@ class ReplayLearner(ContinualLearner):
         """The newest ``support_size`` stored examples (all of them if fewer are stored): ``(S, D)``, targets."""
         return self.buffer.get(self.buffer.newest(self.support_size))
 
-    def log_online_from_memory(self, x: Tensor, y: Tensor) -> None:
+    def log_online_from_memory(self, x: Tensor, y: Tensor, run: StepRun) -> None:
         """Predict the first ``online_queries`` incoming examples from :meth:`memory_support` and log the online
         metric, before the chunk is stored (nothing is logged until :meth:`online_ready`)."""
         if not self.online_queries or not self.online_ready():
@@ -107,23 +108,11 @@ class ReplayLearner(ContinualLearner):
         with torch.no_grad():
             sx, sy = self.memory_support()
             k = min(self.online_queries, x.shape[0])
-            self.log_online(self.predict_support(x[:k], sx, sy), y[:k])
+            run.log_online(self.predict_support(x[:k], sx, sy), y[:k])
 
     def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
-        """:meth:`learn_chunk` on the chunk, or on each chunk of a ``StreamSteps`` in turn (:meth:`learn_steps`)."""
-        if isinstance(batch, StreamSteps):
-            return self.learn_steps(batch)
-        return self.learn_chunk(batch)
-
-    def replay_step(self, loss: Tensor) -> None:
-        """One optimiser step on ``loss``; called by every rank on the same chunks (see the module docstring)."""
-        if self._chunked is not None and self._chunked.optimizer is not None:  # inside learn_steps
-            self.plain_step(loss)
-            return
-        optimizer = self.optimizers()
-        optimizer.zero_grad()
-        self.manual_backward(loss)
-        optimizer.step()
+        """:meth:`learn_chunk` on each chunk of the batch in turn (the step engine's loop)."""
+        return self.engine.learn(self, batch)
 
     def episode_support(self, context_x: Tensor, context_y: Tensor) -> tuple[Tensor, Tensor]:
         """The support set of an episode: its first ``support_size`` context examples, flat, or with no context the

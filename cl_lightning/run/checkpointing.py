@@ -235,6 +235,15 @@ def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | Non
     return None
 
 
+def _same_numbers(hparams: dict[str, Any]) -> dict[str, Any]:
+    """``hparams`` with the step engines that compute the same numbers bit for bit named alike: ``step_kernel``
+    ``"torch"`` (its name before engines), ``"autograd"`` and ``"fused"`` all as ``"autograd"`` (``"native"`` rounds
+    otherwise and stays apart)."""
+    if hparams.get("step_kernel") in ("torch", "fused"):
+        return {**hparams, "step_kernel": "autograd"}
+    return dict(hparams)
+
+
 def check_resume(
     checkpoint: dict[str, Any], path: Path | None, model: LightningModule, data: dict[str, Any] | None, accept: bool
 ) -> bool:
@@ -244,7 +253,8 @@ def check_resume(
     other hyperparameters, or another ``data`` config (``data``: the config's, ``None`` to skip; more tasks are fine),
     only with ``accept``.
     """
-    differences = hparam_differences(checkpoint.get("hyper_parameters", {}), dict(model.hparams))
+    saved, current = (_same_numbers(h) for h in (checkpoint.get("hyper_parameters", {}), model.hparams))
+    differences = hparam_differences(saved, current)
     record = checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
     if record is not None and data is not None:
         differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))

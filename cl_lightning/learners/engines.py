@@ -1,0 +1,257 @@
+"""Step engines: what runs a training batch's predict-then-learn steps, chosen once per learner
+(``step_kernel``; docs/architecture.md, "Step engines").
+
+A learner that takes :class:`~cl_lightning.contract.StreamSteps` states its step once, ``learn_chunk(batch, run)``:
+predict one chunk, log it through the :class:`StepRun`, learn through ``run.step(loss)``. Its engine runs a batch's
+``K`` chunks in arrival order (a ``StreamBatch`` is a run of one), holds the task-mean terms back for one update per
+batch, and counts the optimiser steps it took by hand in ``global_step``. Every batch of such a learner goes through
+its engine, in manual optimisation (decided at construction).
+
+- :class:`AutogradEngine`: ``learn_chunk`` on each chunk; each step through Lightning's manual optimisation
+  (``manual_backward``, the wrapped optimiser: the precision plugin, DDP and the step count are Lightning's).
+- :class:`FusedEngine`: the learner's fused steps (``learn_fused``: hand-written gradients, one Adam or AdamGnT over
+  views of one flat tensor, :mod:`cl_lightning.nn.fused_steps`), autograd's numbers bit for bit
+  (``tests/test_fused_steps.py``). It runs ``learn_chunk``, its exact reference, on the chunks before the learner's
+  fused step applies (``fused_ready``: QOA's buffer still filling, when it takes no step or one whose query is not
+  the incoming point); nothing else falls back. What it cannot serve is refused before the first batch, in one
+  line: at construction what the learner decides alone (no fused step, classification, another encoder), when
+  training starts what the run decides (an accelerator, reduced precision, several processes, an optimiser
+  :func:`~cl_lightning.nn.flat_adam.adam_refusal` names, a forward hook on one of the learner's modules, which
+  the fused step would not call).
+- :class:`NativeEngine`: the fused steps' chunk in C (:mod:`cl_lightning.nn.native`), on the same flat tensors;
+  equal to autograd to float32 rounding in each step's predictions and gradients, not in every weight over a run
+  (an element whose exact gradient is 0 takes ±lr Adam steps from either path's rounding noise). Also refused:
+  an optimiser the kernel does not implement for the learner, parameters other than float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
+
+import torch
+from lightning.pytorch import Trainer
+from torch import Tensor, nn
+
+from cl_lightning import lightning_compat
+from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.learners.task_mean import Terms
+from cl_lightning.nn import native
+from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.hooks import has_forward_hooks
+
+__all__ = ["AutogradEngine", "FusedEngine", "NativeEngine", "StepKernel", "StepRun", "SteppedLearner", "step_engine"]
+
+StepKernel = Literal["autograd", "fused", "native", "torch"]
+"""The engines by name; ``"torch"``, the name before engines, is ``"autograd"`` (the same numbers bit for bit)."""
+FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values the fused engines run under
+
+
+class SteppedLearner(Protocol):
+    """What an engine uses of a learner, all public (``ContinualLearner`` has it; the base imports this module)."""
+
+    trainer: Trainer
+    task_type: str
+    device: torch.device
+    native_optimizer: type[FlatOptimizer]
+
+    def learns_steps(self) -> bool: ...
+    def has_fused_steps(self) -> bool: ...
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None: ...
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor: ...
+    def fused_ready(self, batch: StreamSteps, start: int) -> bool: ...
+    def fused_refusal(self, chunk_size: int | None = None) -> str | None: ...
+    def add_task_terms(self, terms: Terms, online: list[tuple[Tensor, Tensor]]) -> None: ...
+    def optimizers(self) -> Any: ...
+    def manual_backward(self, loss: Tensor) -> None: ...
+    def parameters(self) -> Iterator[nn.Parameter]: ...
+    def modules(self) -> Iterator[nn.Module]: ...
+
+
+class StepRun:
+    """The bookkeeping of one training batch's steps, handed to the learner's ``learn_chunk`` and ``learn_fused``.
+
+    Attributes:
+        terms: The task-mean terms of :meth:`log_task_mean`, added once per batch.
+        online: The online predictions of :meth:`log_online` and their targets, scored once per batch.
+        counted: Optimiser steps taken outside Lightning's wrapper (fused steps), added to ``global_step``.
+    """
+
+    def __init__(self, learner: SteppedLearner) -> None:
+        self.learner = learner
+        self.terms: Terms = {}
+        self.online: list[tuple[Tensor, Tensor]] = []
+        self.counted = 0
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """The trainer's optimiser, unwrapped (Lightning's stand-in when nothing is trained, kNN)."""
+        return self.learner.trainer.optimizers[0]
+
+    def log_online(self, pred: Tensor, y: Tensor, loss: Tensor | None = None) -> None:
+        """The prequential metric of predictions made *before* learning from ``y`` (and ``loss`` as ``train/loss``)."""
+        if pred.shape[0] == 0:
+            return
+        self.online.append((pred.detach(), y))
+        if loss is not None:
+            self.log_task_mean("train/loss", loss, pred.shape[0])
+
+    def log_task_mean(self, name: str, value: Tensor, weight: int = 1) -> None:
+        """Hold back a batch mean ``value`` of ``weight`` examples for the task mean of ``name``."""
+        values, weights = self.terms.setdefault(name, ([], []))
+        values.append(value.detach())
+        weights.append(weight)
+
+    def step(self, loss: Tensor) -> None:
+        """One optimiser step on ``loss`` through Lightning's manual optimisation (its precision plugin, DDP's
+        gradient reduction and its step count apply)."""
+        optimizer = self.learner.optimizers()
+        optimizer.zero_grad()
+        self.learner.manual_backward(loss)
+        optimizer.step()
+
+    def add_fused(self, preds: Tensor, y: Tensor, weight: int) -> Tensor:
+        """Book ``T`` fused steps as ``learn_chunk`` would have: the online predictions ``preds (T, B, k)`` of targets
+        ``y (T, B, k)``, each step's MSE as a ``train/loss`` term of ``weight`` examples, ``T`` optimiser steps;
+        returns the summed losses."""
+        steps = preds.shape[0]
+        self.online.append((preds.flatten(0, 1), y.flatten(0, 1)))
+        losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))  # (T,): each step's loss
+        values, weights = self.terms.setdefault("train/loss", ([], []))
+        values.append(losses)  # one 1-d entry for the run of steps (task_mean.add_terms)
+        weights.extend([weight] * steps)
+        self.counted += steps
+        return losses.sum()
+
+
+class AutogradEngine:
+    """Each chunk through the learner's ``learn_chunk``, stepped by autograd (see the module docstring)."""
+
+    name = "autograd"
+
+    def check_learner(self, learner: SteppedLearner) -> None:
+        """Refuse, at construction, a learner this engine cannot run (none: every chunk step runs under autograd)."""
+
+    def check_run(self, learner: SteppedLearner) -> None:
+        """Refuse, when training starts, a run this engine cannot serve (none for the autograd engine)."""
+
+    def learn(self, learner: SteppedLearner, batch: StreamBatch | StreamSteps) -> Tensor | None:
+        """The batch's chunks in arrival order, each predicted, then learned, before the next is seen (the one
+        chunk per batch algorithm); the task-mean terms added once; the summed losses."""
+        steps = batch if isinstance(batch, StreamSteps) else StreamSteps(*(t[None] for t in batch))
+        run, losses = StepRun(learner), []
+        for i in range(steps.x.shape[0]):  # a loop over time: each chunk is learned before the next is predicted
+            fused = self.learn_rest(learner, steps, i, run)
+            if fused is not None:  # chunks i.. were learned by the fused step
+                losses.append(fused)
+                break
+            loss = learner.learn_chunk(StreamBatch(steps.x[i], steps.y[i], steps.task_id[i]), run)
+            if loss is not None:
+                losses.append(loss.detach())
+        learner.add_task_terms(run.terms, run.online)
+        # global_step: the steps taken by hand; with nothing to train (kNN) every chunk, as Lightning's loop counts
+        counted = run.counted if any(p.requires_grad for p in learner.parameters()) else steps.x.shape[0]
+        if counted:
+            lightning_compat.count_optimizer_steps(learner, counted)
+        return torch.stack(losses).sum() if losses else None
+
+    def learn_rest(self, learner: SteppedLearner, batch: StreamSteps, start: int, run: StepRun) -> Tensor | None:
+        """Learn chunks ``start..`` at once and return their summed loss, or ``None`` for ``learn_chunk`` to learn
+        chunk ``start`` (always, here)."""
+        return None
+
+
+class FusedEngine(AutogradEngine):
+    """The learner's fused steps in torch, autograd's numbers bit for bit (see the module docstring)."""
+
+    name = "fused"
+    in_c = False  # whether learn_fused runs its steps in C
+
+    def __init__(self) -> None:
+        self._flat: FlatOptimizer | None = None  # the optimiser on flat tensors: not module state, rebuilt from it
+
+    def check_learner(self, learner: SteppedLearner) -> None:
+        """Refuse a learner without fused steps of its own chunk step, a classification learner, or one whose
+        settings its fused step does not compute (``fused_refusal``)."""
+        cls = type(learner).__name__
+        if not learner.has_fused_steps():
+            raise ValueError(f"{cls} has no {self.name} step engine: use step_kernel: autograd")
+        self._refuse(learner, "fits regression only" if learner.task_type != "regression" else learner.fused_refusal())
+
+    def check_run(self, learner: SteppedLearner) -> None:
+        """Refuse a run the fused step would not compute as autograd: see the module docstring."""
+        self._refuse(learner, self.run_refusal(learner))
+
+    def _refuse(self, learner: SteppedLearner, reason: str | None) -> None:
+        """Raise the one-line refusal ``reason`` names (nothing when it is ``None``)."""
+        if reason is not None:
+            raise ValueError(
+                f"{type(learner).__name__}'s step_kernel {self.name!r} {reason}: use step_kernel: autograd"
+            )
+
+    def run_refusal(self, learner: SteppedLearner) -> str | None:
+        """Why this run cannot take the fused steps (``None`` when it can)."""
+        trainer, params = learner.trainer, list(learner.parameters())
+        chunk_size = getattr(getattr(trainer.datamodule, "stream", None), "chunk_size", None)
+        if learner.device.type != "cpu":  # bit-exactness is tested on the CPU only
+            return f"runs on the CPU only, not {learner.device.type}"
+        if str(trainer.precision) not in FULL_PRECISION:
+            return f"computes in full precision only, not trainer.precision {trainer.precision!r}"
+        if trainer.world_size > 1:
+            return "runs in one process only (it reduces no gradients)"
+        if has_forward_hooks(learner.modules()):
+            return "would not call a module's forward hook (one is registered, a monitor's?)"
+        reason = adam_refusal(learner.trainer.optimizers[0] if trainer.optimizers else None, params)
+        return learner.fused_refusal(chunk_size) if reason is None else f"cannot reproduce {reason}"
+
+    def learn_rest(self, learner: SteppedLearner, batch: StreamSteps, start: int, run: StepRun) -> Tensor | None:
+        """Chunks ``start..`` through the learner's fused steps once they apply (``fused_ready``)."""
+        if not learner.fused_ready(batch, start):
+            return None
+        params = list(learner.parameters())
+        flat_type = FlatAdamGnT if isinstance(run.optimizer, AdamGnT) else FlatAdam
+        if type(self._flat) is not flat_type:
+            self._flat = flat_type()
+        adam = self._flat.bind(run.optimizer, params)
+        loss = learner.learn_fused(batch, start, run, adam, self.in_c)
+        adam.release()
+        return loss
+
+
+class NativeEngine(FusedEngine):
+    """The fused steps' chunk in C, equal to autograd to float32 rounding per step (see the module docstring)."""
+
+    name = "native"
+    in_c = True
+
+    def check_learner(self, learner: SteppedLearner) -> None:
+        """As the fused engine, and the C kernels must build (:func:`cl_lightning.nn.native.library` says why
+        not)."""
+        super().check_learner(learner)
+        native.library()
+
+    def run_refusal(self, learner: SteppedLearner) -> str | None:
+        """As the fused engine, and the kernel implements the optimiser (Adam / AdamW or AdamGnT, as the learner's
+        :attr:`native_optimizer`) on float32 parameters."""
+        reason = super().run_refusal(learner)
+        if reason is not None:
+            return reason
+        optimizer = learner.trainer.optimizers[0]
+        if (FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam) is not learner.native_optimizer:
+            wanted = "AdamGnT" if learner.native_optimizer is FlatAdamGnT else "Adam / AdamW"
+            return f"implements {wanted}, not {type(optimizer).__name__}"
+        if any(p.dtype != torch.float32 for p in learner.parameters()):
+            return "computes in float32 only"
+        return None
+
+
+def step_engine(step_kernel: StepKernel, learner: SteppedLearner) -> AutogradEngine | None:
+    """The engine ``step_kernel`` names for ``learner``, checked (:meth:`AutogradEngine.check_learner`); ``None``
+    for a learner that steps in its own ``training_step`` (EWC), which only ``"autograd"`` describes."""
+    engines = {"autograd": AutogradEngine, "torch": AutogradEngine, "fused": FusedEngine, "native": NativeEngine}
+    if step_kernel not in engines:
+        raise ValueError(f"step_kernel must be 'autograd', 'fused' or 'native', not {step_kernel!r}")
+    engine = engines[step_kernel]()
+    engine.check_learner(learner)
+    return engine if learner.learns_steps() else None
