@@ -24,6 +24,7 @@ import torch
 
 from benchmarks.harness import Bench, clock, interleave, parser
 from cl_lightning.learners import QueryOnlyAttention
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.run import cli
 
@@ -89,15 +90,18 @@ def noise(tasks: int, small: bool = False) -> list[torch.Tensor]:
             run=False,
         )
         model = run.model
-        log_online = model.log_online
+        log_online = StepRun.log_online  # where a learner's step logs its online predictions
 
-        def keep(pred: torch.Tensor, y: torch.Tensor, loss: torch.Tensor | None = None) -> None:
+        def keep(step: StepRun, pred: torch.Tensor, y: torch.Tensor, loss: torch.Tensor | None = None) -> None:
             if pred.shape[0] == K_MAX:
                 hits[model.trainer.current_epoch].append((pred.argmax(-1) == y).float())
-            log_online(pred, y, loss)
+            log_online(step, pred, y, loss)
 
-        model.log_online = keep  # type: ignore[method-assign]
-        run.trainer.fit(model, run.datamodule)
+        StepRun.log_online = keep  # type: ignore[method-assign]
+        try:
+            run.trainer.fit(model, run.datamodule)
+        finally:
+            StepRun.log_online = log_online  # type: ignore[method-assign]
     return [torch.stack(h) for h in hits if h]
 
 
