@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,13 @@ def newest_run(experiment: Path) -> Path | None:
     return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
 
 
+def newest_checkpointed_run(experiment: Path) -> Path | None:
+    """The ``version_N`` folder with the highest ``N`` that holds a checkpoint, if any."""
+    runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
+    runs = [p for p in runs if last_checkpoint(p) is not None]
+    return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
+
+
 def last_checkpoint(run: Path) -> Path | None:
     """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``."""
     folder = run / "checkpoints"
@@ -173,10 +181,15 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
         if run is None:
             raise CheckpointError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
         path = last_checkpoint(run)
-        if path is None and subcommand != "fit":
-            raise CheckpointError(f"--ckpt_path last: {run} has no checkpoint")
+        older = newest_checkpointed_run(experiment) if path is None else None
+        if path is None and (older is not None or subcommand != "fit"):
+            # a folder without a checkpoint (a fit killed before its first task ended, or an evaluation run of an
+            # older version) never hides a run that has one: say which, rather than start anything over
+            found = f"; {older} has one: --ckpt_path {last_checkpoint(older)}" if older is not None else ""
+            raise CheckpointError(f"--ckpt_path last: the newest run, {run}, has no checkpoint{found}")
         if path is None:  # killed before its first checkpoint: start that run over, in its own folder
             config.ckpt_path = None
+            sys.stderr.write(f"--ckpt_path last: {run} has no checkpoint yet; starting that run over in its folder\n")
             return Resume(run, None, None)
     else:
         path = Path(given)
