@@ -63,12 +63,17 @@ from cl_lightning.run.summary import run_summary
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
     "(fast-weight) attention and their baselines on Permuted MNIST, slowly changing regression and Split "
-    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with the CPU demo (about a "
-    "minute): `python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick_demo.yaml "
-    "--config configs/quick_qoa.yaml`; "
+    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with the CPU demo (a few "
+    "minutes on one core): `python -m cl_lightning fit --config configs/qoa_pmnist.yaml "
+    "--config configs/quick_demo.yaml --config configs/quick_qoa.yaml`; "
     "`python -m cl_lightning fit --model.help QueryOnlyAttention` documents a learner; "
     "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks. "
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
+)
+USAGE = "python -m cl_lightning {fit,validate,test,predict,sweep,report} ... (a command's --help: its options)"
+FIT_DESCRIPTION = (
+    "Train a learner on a stream, one epoch per task. Threads: one (fast for the small networks of the CPU streams, "
+    "above all on a machine with other work); OMP_NUM_THREADS=N before the command sets N."
 )
 
 
@@ -104,6 +109,7 @@ class CLI(CompatCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse with each ``--config`` preceded by the fragments it includes."""
+        parser.usage = USAGE  # set after the subcommands took their names from the default usage; names all six
         expanded = expand_includes(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else args
         ConciseArgumentParser.arguments = expanded if isinstance(expanded, list) else []
         if args is None:  # the command line, expanded (passing it as ``args`` would warn about mixing the two)
@@ -254,7 +260,11 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
             auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             parser_class=ConciseArgumentParser,
-            parser_kwargs={"description": DESCRIPTION, "prog": "python -m cl_lightning"},
+            parser_kwargs={
+                "description": DESCRIPTION,
+                "prog": "python -m cl_lightning",
+                "fit": {"description": FIT_DESCRIPTION},
+            },
             args=args,
             run=run,
         )
