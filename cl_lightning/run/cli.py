@@ -53,7 +53,7 @@ from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
 from cl_lightning.run import stopping
 from cl_lightning.run.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
-from cl_lightning.run.cli_messages import ConciseArgumentParser, describe, quiet
+from cl_lightning.run.cli_messages import ConciseArgumentParser, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.resuming import check_resumed, open_run
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
@@ -215,6 +215,9 @@ class CLI(CompatCLI):
                 raise SystemExit(exit_code(signum)) from None
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
+            if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
+                cause = file_system_message(error)
+                raise UsageError(stopping.halt_message(self.trainer, cause, self.command_line, undone)) from error
             raise
 
     def validate(self, **kwargs: Any) -> None:
@@ -276,6 +279,10 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         if debug:
             raise
         _fail(error, code=2)
+    except OSError as error:  # a read-only or unwritable folder, a full disk: no traceback either
+        if debug:
+            raise
+        _fail(UsageError(file_system_message(error)), code=2)
     finally:
         if run:
             CLI.stop.restore()

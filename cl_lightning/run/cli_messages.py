@@ -8,6 +8,7 @@ silenced. The last lines of a run, what happened and where its logs and checkpoi
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import logging
@@ -218,6 +219,19 @@ def describe(error: BaseException) -> str:
     where = origin(error)
     private = where is None or where.startswith("_")  # Lightning's internal helpers mean nothing to a user
     return f"{where}: {text}" if not private and not text.startswith(where) else text
+
+
+def file_system_message(error: OSError) -> str:
+    """A file system refusal (read-only or unwritable folder, full disk, …) in one line, naming the path."""
+    path = error.filename or "a file"
+    if error.errno == errno.ENOSPC:
+        return f"{path}: no space left on device"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"{path}: cannot write there ({error.strerror or 'not writable'}); make it writable or log elsewhere "
+            "(--trainer.logger.init_args.save_dir)"
+        )
+    return f"{path}: {error.strerror or describe(error)}"
 
 
 class _DropAdverts(logging.Filter):
