@@ -146,14 +146,19 @@ def last_checkpoint(run: Path) -> Path | None:
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Open a checkpoint memory-mapped on the CPU (cheap however large), or raise one clear :class:`CheckpointError`."""
+    if path.is_dir():
+        inside = last_checkpoint(path) or last_checkpoint(path.parent)
+        hint = f"; its checkpoint: --ckpt_path {inside}" if inside is not None else "; it holds no checkpoint"
+        raise CheckpointError(f"--ckpt_path {path}: a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"--ckpt_path {path}: no such file")
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError … for a damaged file
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first if len(first) <= 120 else first[:120].rpartition(" ")[0] + " …"  # never cut mid-word
         raise CheckpointError(
-            f"--ckpt_path {path}: not a readable checkpoint (truncated or not written by torch.save: {first[:120]})"
+            f"--ckpt_path {path}: not a readable checkpoint (truncated or not written by torch.save: {first})"
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--ckpt_path {path}: not a Lightning training checkpoint (no state_dict or loop state)")

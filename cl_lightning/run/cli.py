@@ -53,7 +53,7 @@ from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
 from cl_lightning.run import stopping
 from cl_lightning.run.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
-from cl_lightning.run.cli_messages import ConciseArgumentParser, describe, file_system_message, quiet
+from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.resuming import check_resumed, open_run
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
@@ -83,6 +83,7 @@ class CLI(CompatCLI):
     resume: Resume | None = None
     command_line: ClassVar[list[str]] = []  # the arguments after ``python -m cl_lightning``, for the resume hint
     stop: ClassVar[GracefulStop] = GracefulStop()  # installed by main() for the whole command
+    start_lines: ClassVar[HeldLines]  # Lightning's start-up lines, held by main() until the run starts
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link the data module's shapes into the learner (they are never typed in a config)."""
@@ -189,7 +190,16 @@ class CLI(CompatCLI):
         data.prepare_data()
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
+        self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
         self._started = time.monotonic()
+
+    def before_validate(self) -> None:
+        """Print Lightning's start-up lines (held while the run was built)."""
+        self.start_lines.let_through()
+
+    def before_test(self) -> None:
+        """Print Lightning's start-up lines (held while the run was built)."""
+        self.start_lines.let_through()
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
         """``Trainer.fit`` holding the run folder's lock; stops cleanly on SIGTERM / SIGINT; an attempt that fails
@@ -254,6 +264,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         CLI.stop.install()  # a SIGTERM / SIGINT from here on stops the run at its next step (or before its first)
     ConciseArgumentParser.debug = debug
     quiet()
+    CLI.start_lines = HeldLines()  # a mistake found before the run starts is the only line on stderr
     fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
     try:
         cli = CLI(
@@ -284,6 +295,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
             raise
         _fail(UsageError(file_system_message(error)), code=2)
     finally:
+        CLI.start_lines.close()
         if run:
             CLI.stop.restore()
             release_all()
