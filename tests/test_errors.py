@@ -82,6 +82,19 @@ CASES: dict[str, tuple[list[str], str]] = {
     "nothing to resume": (fit("--ckpt_path=last"), "no run under logs/tiny/ to resume"),
     "unknown option": (fit("--trainer.max_epochz=3"), "unrecognized arguments"),
     "invalid learning rate": (fit("--model.optimizer.lr=-1"), "Invalid learning rate"),
+    # --- #35: messages that named no file, no value, or accepted a mistake ---
+    "misspelt top-level key in YAML": (
+        fit("--config", "{w}/top.yaml"),
+        "top.yaml:1: trainr: unknown key (did you mean 'trainer'?); the top-level keys: seed_everything, trainer,",
+    ),
+    "abbreviated option": (
+        fit("--trainer.max_epoch=3"),
+        "unrecognized arguments: --trainer.max_epoch=3 (did you mean 'trainer.max_epochs'?)",
+    ),
+    "folder as checkpoint": (fit("--ckpt_path={w}"), "a folder, not a checkpoint file; it holds no checkpoint"),
+    "negative backward lag": (fit("--data.backward_lag=-1"), "StreamDataModule: backward_lag must be >= 1, got -1"),
+    "negative context": (fit("--data.context_size=-5"), "StreamDataModule: context_size must be >= 0, got -5"),
+    "empty query set": (fit("--data.stream.query_size=0"), "SyntheticClasses: query_size must be >= 1, got 0"),
     # --- files the user wrote: the file and line ---
     "YAML that does not parse": (fit("--config", "{w}/broken.yaml"), "broken.yaml:4:5: not valid YAML: expected ','"),
     "misspelt include": (fit("--config", "{w}/includes.yaml"), "includes.yaml:1: included 'nope.yaml' not found"),
@@ -180,6 +193,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "broken.yaml": "model:\n  init_args:\n    hidden_sizes: [1\n   x: 2\n",
         "includes.yaml": "include: [nope.yaml]\n",
         "class.yaml": "model:\n  class_path: Backprp\n",
+        "top.yaml": "trainr:\n  max_epochs: 3\n",
         "suite_seed.yaml": "seed: [0]\nexperiments:\n  a:\n    configs: [tiny.yaml]\n",
         "suite_confgs.yaml": "seeds: [0]\nexperiments:\n  a:\n    confgs: [tiny.yaml]\n",
         "suite_missing.yaml": "seeds: [0]\nexperiments:\n  a:\n    configs: [nope.yaml]\n",
@@ -218,6 +232,7 @@ def _assert_one_line(code: int | str | None, err: str, fragment: str) -> None:
     assert len(errors) == 1, err
     assert fragment in errors[0], errors[0]
     assert "Traceback" not in err, err
+    assert [line for line in err.splitlines() if line.strip()] == errors, err  # no library line before it
     assert "usage:" not in err, err
     assert "Union subtypes" not in errors[0], errors[0]
     if "abstract base" in fragment:
@@ -240,14 +255,18 @@ def test_mistake_gives_one_line_exit_2_and_writes_nothing(
     assert _tree(folder) == before
 
 
+def _in_own_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cl_lightning", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.slow  # one process start per case: ~10 s each on 2 busy cores
 @pytest.mark.parametrize("name", sorted(CASES), ids=IDS)
 def test_mistake_in_its_own_process(name: str, world: Path, tmp_path: Path) -> None:
     args, fragment, folder = _case(name, world, tmp_path)
     before = _tree(folder)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "cl_lightning", *args]
-    done = subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+    done = _in_own_process(args, folder)
     _assert_one_line(done.returncode, done.stderr, fragment)
     assert _tree(folder) == before
 
@@ -314,3 +333,27 @@ def test_report_names_the_trials_it_could_not_read(world: Path, tmp_path: Path, 
         "event: corrupt or not an event file)",
     ]
     assert any("| 3 (2 unfinished) |" in line for line in out)
+
+
+def test_an_unreadable_checkpoint_message_is_never_cut_mid_word(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cl_lightning.run import checkpointing
+
+    path = tmp_path / "x.ckpt"
+    path.write_bytes(b"junk")
+    monkeypatch.setattr(checkpointing.torch, "load", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("word " * 40)))
+    with pytest.raises(checkpointing.CheckpointError) as refused:
+        checkpointing.read_checkpoint(path)
+    inside = str(refused.value).split("torch.save: ", 1)[1]
+    assert inside.endswith("word …)"), inside
+
+
+def test_a_mistake_found_after_the_trainer_is_built_is_the_only_line_on_stderr(tmp_path: Path) -> None:
+    """#35: `Seed set to 0` and `GPU available: …` came before the `error:` line; they wait for the run now."""
+    done = _in_own_process(["fit", *tiny_args(tmp_path, BACKPROP, extra=["--trainer.max_epochs=7"])], tmp_path)
+    assert done.returncode == 2
+    assert [line for line in done.stderr.splitlines() if line.strip()] == [
+        "error: trainer.max_epochs (7) must equal data.stream.init_args.num_tasks (3): one epoch is one task; leave "
+        "max_epochs unset and the CLI fills it in (traceback: --debug)"
+    ], done.stderr

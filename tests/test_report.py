@@ -329,3 +329,34 @@ def test_window_table_sets_our_window_means_beside_the_papers() -> None:
         "| QOA_V1 | backward | 0.375 ± 0.125 / 0.31–0.34 | 0.500 / 0.47 (1 of 2 seeds) |",
     ]
     assert window_table([exp], {}) == ""
+
+
+@pytest.mark.parametrize("damage", ["overwritten", "truncated", "deleted"])
+def test_report_names_damaged_event_files_and_marks_the_partial_row(
+    damage: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """#35: bytes overwritten mid-file showed the trial as merely "unfinished", a file truncated to half gave its
+    partial values as results, a trial whose event files were deleted dropped out of the table, all silently."""
+    suite = tmp_path / "toy"
+    values = {"eval/forward_acc": {t: 0.1 * t for t in range(40)}}
+    attempts = [{"wall_seconds": 1.0, "peak_rss_bytes": 2**20}]
+    _trial(suite, "learner", 0, 40, values, status="finished", attempts=attempts)
+    damaged = _trial(suite, "learner", 1, 40, values, status="finished", attempts=attempts)
+    (events,) = damaged.glob("events.out.tfevents.*")
+    raw = bytearray(events.read_bytes())
+    if damage == "overwritten":
+        raw[len(raw) // 2 : len(raw) // 2 + 16] = b"\xff" * 16
+        events.write_bytes(bytes(raw))
+    elif damage == "truncated":
+        events.write_bytes(bytes(raw[: len(raw) // 2]))
+    else:
+        events.unlink()
+    assert main([str(suite)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("could not read")]
+    why = {"overwritten": "fails its checksum", "truncated": "truncated at byte", "deleted": "no event file"}[damage]
+    assert len(said) == 1, said
+    assert str(damaged) in said[0]
+    assert why in said[0], said
+    table = (suite / "report" / "table.md").read_text()
+    assert "learner (partial: seed_1 damaged)" in table
+    assert "| 2 (1 unfinished) |" in table

@@ -88,6 +88,44 @@ def test_resume_continues_the_same_run_folder_and_curves(tmp_path: Path, capsys:
     assert f"checkpoint: {_run(tmp_path)}/checkpoints/last.ckpt" in summary[2]
 
 
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_an_evaluation_never_shadows_the_run_last_resumes(
+    tmp_path: Path, command: str, capsys: pytest.CaptureFixture
+) -> None:
+    """#35: `validate` / `test` used to open a new version_N without a checkpoint, and a later `fit --ckpt_path last`
+    picked that folder and trained from scratch (exit 0, no message). They log beside the run they evaluate now,
+    and `last` continues the fit."""
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=CHECKPOINTS)])
+    main([command, *tiny_args(tmp_path, BACKPROP, tasks=2, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    capsys.readouterr()
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    assert "Run finished: 3/3 tasks" in capsys.readouterr().out
+    assert [step for step, _ in _scalars(_run(tmp_path))["eval/forward_acc"]] == [15, 31, 47]  # continued, not anew
+    main([command, *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    assert sorted(p.name for p in (tmp_path / "logs" / "tiny").iterdir()) == ["version_0"]
+    assert sorted(p.name for p in _run(tmp_path).glob(f"{command}_*")) == [f"{command}_0", f"{command}_1"]
+
+
+def test_an_evaluation_without_a_checkpoint_says_what_it_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """`test` without --ckpt_path evaluates the untrained learner: one line says so, and its logs are `test_0`."""
+    main(["test", *tiny_args(tmp_path, BACKPROP, tasks=2)])
+    err = capsys.readouterr().err
+    assert "test: no --ckpt_path, so this evaluates the config's untrained learner" in err
+    assert sorted(p.name for p in (tmp_path / "logs" / "tiny").iterdir()) == ["test_0"]
+
+
+def test_last_never_starts_over_a_folder_without_checkpoint_when_an_older_run_has_one(tmp_path: Path) -> None:
+    """A newest version_N without a checkpoint (e.g. left by an older `validate`) hides no run: refused, named."""
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=CHECKPOINTS)])
+    (tmp_path / "logs" / "tiny" / "version_1").mkdir()
+    with pytest.raises(SystemExit) as refused:
+        main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    assert refused.value.code == 2
+    assert not any((tmp_path / "logs" / "tiny" / "version_1").iterdir())
+
+
 def test_a_named_run_folder_resumes_into_itself(tmp_path: Path) -> None:
     """A run folder named by the user (as `sweep` does: `seed_0`) is continued like a `version_N` one."""
     named = [*CHECKPOINTS, "--trainer.logger.version=seed_0"]

@@ -149,6 +149,33 @@ def _curve(log_dir: Path, tag: str = "eval/forward_acc") -> np.ndarray:
     return per_task(read_scalars(log_dir), 4)[tag]
 
 
+def test_a_failing_trial_shows_its_error_and_log_and_fit_args_take_a_separate_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """#35: the console said `unfinished (… exit 2, last task None)` and still suggested `report`; `--fit-args
+    '--data…'` (a separate value starting with `-`, as `sweep --help` writes it) was refused by argparse."""
+    suite = _suite(tmp_path, [0], experiments=("a",))
+    root = tmp_path / "logs"
+    bad = ["--fit-args", "--model.init_args.hidden_sizes=wide"]
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray", *bad]) == 1
+    out = capsys.readouterr().out
+    log = root / "toy" / "a" / "seed_0" / "fit.log"
+    (line,) = [x for x in out.splitlines() if x.startswith("    a/seed_0: unfinished")]
+    assert "; error: model.init_args.hidden_sizes: expected list[int]" in line, line
+    assert f"(the whole output: {log})" in line
+    assert "cl_lightning report" not in out
+    assert "none of 1 trials finished" in out
+
+
+@pytest.mark.parametrize("where", ["suite", "--seeds"])
+def test_a_negative_seed_is_refused_before_any_trial(tmp_path: Path, where: str) -> None:
+    suite = _suite(tmp_path, [-1] if where == "suite" else [0])
+    seeds = ["--seeds", "-1"] if where == "--seeds" else []
+    with pytest.raises(ValueError, match=r"seed -1 is out of range: seeds are 0\.\.4294967295"):
+        sweep_main([str(suite), "--root", str(tmp_path / "logs"), "--dry-run", *seeds])
+    assert not (tmp_path / "logs").exists()
+
+
 def test_sequential_sweep_runs_skips_and_records(
     tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:

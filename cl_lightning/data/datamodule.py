@@ -129,8 +129,13 @@ class StreamDataModule(LightningDataModule):
             raise ValueError(f"steps_per_batch must be >= 1, got {steps_per_batch}")
         self.steps_per_batch = steps_per_batch
         lags = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
-        if context_size < 0 or not lags or min(lags) < 1 or num_probe_tasks < 0:
-            raise ValueError("context_size >= 0, backward_lag >= 1 and num_probe_tasks >= 0 are required")
+        if not lags:
+            raise ValueError("backward_lag must name at least one lag (>= 1), got []")
+        for name, value, low in (("context_size", context_size, 0), ("num_probe_tasks", num_probe_tasks, 0)):
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
+        if min(lags) < 1:
+            raise ValueError(f"backward_lag must be >= 1, got {backward_lag}")
         if eval_queries is not None and eval_queries < 1:
             raise ValueError(f"eval_queries must be positive or null, got {eval_queries}")
         self.stream = stream

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -28,6 +29,13 @@ def read_idx(path: Path) -> np.ndarray:
     The payload is decompressed straight into the array (no intermediate ``bytes`` object and no copy), so loading
     the 47 MB of training images holds them once.
     """
+    try:
+        return _read_idx(path)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as error:  # a damaged compressed file: not a traceback
+        raise ValueError(f"{path} cannot be decompressed ({error}); the file is corrupt or truncated") from error
+
+
+def _read_idx(path: Path) -> np.ndarray:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
         head = f.read(4)
@@ -39,6 +47,9 @@ def read_idx(path: Path) -> np.ndarray:
         view, filled = memoryview(data), 0
         while filled < data.size and (n := f.readinto(view[filled:])):
             filled += n
+        trailing = f.read(1)  # reading to the end makes gzip check the CRC: overwritten bytes are caught
+    if trailing:
+        raise ValueError(f"{path} is longer than its header says {shape}; is the file corrupt?")
     if filled != data.size or len(dims) != 4 * head[3]:
         raise ValueError(f"{path} holds {filled} values, its header says {shape}; the file is truncated")
     return data.reshape(shape)

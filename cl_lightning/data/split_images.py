@@ -129,8 +129,10 @@ class SplitMNIST(SplitImages):
         self, *, image_size: int = 28, num_classes: int = 10, data_root: str | None = None, **kwargs: Any
     ) -> None:
         super().__init__(num_classes=num_classes, **kwargs)
-        if not 1 <= image_size <= 28 or num_classes > 10:
-            raise ValueError(f"image_size must be in 1..28 and num_classes <= 10, got {image_size}, {num_classes}")
+        if not 1 <= image_size <= 28:
+            raise ValueError(f"image_size must be in 1..28, got {image_size}")
+        if num_classes > 10:
+            raise ValueError(f"num_classes must be <= 10 (MNIST has 10 digits), got {num_classes}")
         self.image_size, self.data_root = image_size, data_root
         self.input_shape = (1, image_size, image_size)
         self._by_class: list[tuple[Tensor, Tensor]] | None = None

@@ -47,8 +47,10 @@ class SyntheticClasses(TaskStream):
         warmup_tasks: int = 0,
     ) -> None:
         super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
-        if num_classes < 2 or input_dim < 1 or train_size < 1 or query_size < 1:
-            raise ValueError("num_classes >= 2 and positive input_dim, train_size and query_size are required")
+        minimum = {"num_classes": (num_classes, 2), "input_dim": (input_dim, 1), "train_size": (train_size, 1)}
+        for name, (value, low) in (minimum | {"query_size": (query_size, 1)}).items():
+            if value < low:
+                raise ValueError(f"{name} must be >= {low}, got {value}")
         if chunk_size > train_size:
             raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
         self.num_outputs = num_classes

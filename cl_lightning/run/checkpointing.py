@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,13 @@ def newest_run(experiment: Path) -> Path | None:
     return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
 
 
+def newest_checkpointed_run(experiment: Path) -> Path | None:
+    """The ``version_N`` folder with the highest ``N`` that holds a checkpoint, if any."""
+    runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
+    runs = [p for p in runs if last_checkpoint(p) is not None]
+    return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
+
+
 def last_checkpoint(run: Path) -> Path | None:
     """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``."""
     folder = run / "checkpoints"
@@ -138,14 +146,19 @@ def last_checkpoint(run: Path) -> Path | None:
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
     """Open a checkpoint memory-mapped on the CPU (cheap however large), or raise one clear :class:`CheckpointError`."""
+    if path.is_dir():
+        inside = last_checkpoint(path) or last_checkpoint(path.parent)
+        hint = f"; its checkpoint: --ckpt_path {inside}" if inside is not None else "; it holds no checkpoint"
+        raise CheckpointError(f"--ckpt_path {path}: a folder, not a checkpoint file{hint}")
     if not path.is_file():
         raise CheckpointError(f"--ckpt_path {path}: no such file")
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
     except Exception as error:  # torch raises RuntimeError, EOFError, UnpicklingError … for a damaged file
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        first = first if len(first) <= 120 else first[:120].rpartition(" ")[0] + " …"  # never cut mid-word
         raise CheckpointError(
-            f"--ckpt_path {path}: not a readable checkpoint (truncated or not written by torch.save: {first[:120]})"
+            f"--ckpt_path {path}: not a readable checkpoint (truncated or not written by torch.save: {first})"
         ) from error
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--ckpt_path {path}: not a Lightning training checkpoint (no state_dict or loop state)")
@@ -173,10 +186,15 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
         if run is None:
             raise CheckpointError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
         path = last_checkpoint(run)
-        if path is None and subcommand != "fit":
-            raise CheckpointError(f"--ckpt_path last: {run} has no checkpoint")
+        older = newest_checkpointed_run(experiment) if path is None else None
+        if path is None and (older is not None or subcommand != "fit"):
+            # a folder without a checkpoint (a fit killed before its first task ended, or an evaluation run of an
+            # older version) never hides a run that has one: say which, rather than start anything over
+            found = f"; {older} has one: --ckpt_path {last_checkpoint(older)}" if older is not None else ""
+            raise CheckpointError(f"--ckpt_path last: the newest run, {run}, has no checkpoint{found}")
         if path is None:  # killed before its first checkpoint: start that run over, in its own folder
             config.ckpt_path = None
+            sys.stderr.write(f"--ckpt_path last: {run} has no checkpoint yet; starting that run over in its folder\n")
             return Resume(run, None, None)
     else:
         path = Path(given)

@@ -53,7 +53,7 @@ from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
 from cl_lightning.run import stopping
 from cl_lightning.run.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
-from cl_lightning.run.cli_messages import ConciseArgumentParser, describe, quiet
+from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.resuming import check_resumed, open_run
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
@@ -63,12 +63,17 @@ from cl_lightning.run.summary import run_summary
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
     "(fast-weight) attention and their baselines on Permuted MNIST, slowly changing regression and Split "
-    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with the CPU demo (about a "
-    "minute): `python -m cl_lightning fit --config configs/qoa_pmnist.yaml --config configs/quick_demo.yaml "
-    "--config configs/quick_qoa.yaml`; "
+    "MNIST / Tiny ImageNet, with forgetting, plasticity and Hessian monitors. Start with the CPU demo (a few "
+    "minutes on one core): `python -m cl_lightning fit --config configs/qoa_pmnist.yaml "
+    "--config configs/quick_demo.yaml --config configs/quick_qoa.yaml`; "
     "`python -m cl_lightning fit --model.help QueryOnlyAttention` documents a learner; "
     "`--ckpt_path last` resumes the newest run of a config; `--debug` shows tracebacks. "
     "`python -m cl_lightning sweep --help` and `report --help`: suites of experiments x seeds and their report."
+)
+USAGE = "python -m cl_lightning {fit,validate,test,predict,sweep,report} ... (a command's --help: its options)"
+FIT_DESCRIPTION = (
+    "Train a learner on a stream, one epoch per task. Threads: one (fast for the small networks of the CPU streams, "
+    "above all on a machine with other work); OMP_NUM_THREADS=N before the command sets N."
 )
 
 SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
@@ -80,6 +85,7 @@ class CLI(CompatCLI):
     resume: Resume | None = None
     command_line: ClassVar[list[str]] = []  # the arguments after ``python -m cl_lightning``, for the resume hint
     stop: ClassVar[GracefulStop] = GracefulStop()  # installed by main() for the whole command
+    start_lines: ClassVar[HeldLines]  # Lightning's start-up lines, held by main() until the run starts
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link the data module's shapes into the learner (they are never typed in a config)."""
@@ -110,6 +116,7 @@ class CLI(CompatCLI):
 
     def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
         """Parse with each ``--config`` preceded by the fragments it includes."""
+        parser.usage = USAGE  # set after the subcommands took their names from the default usage; names all six
         expanded = expand_includes(sys.argv[1:] if args is None else args) if isinstance(args, list | None) else args
         ConciseArgumentParser.arguments = expanded if isinstance(expanded, list) else []
         if args is None:  # the command line, expanded (passing it as ``args`` would warn about mixing the two)
@@ -186,7 +193,16 @@ class CLI(CompatCLI):
         data.prepare_data()
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
+        self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
         self._started = time.monotonic()
+
+    def before_validate(self) -> None:
+        """Print Lightning's start-up lines (held while the run was built)."""
+        self.start_lines.let_through()
+
+    def before_test(self) -> None:
+        """Print Lightning's start-up lines (held while the run was built)."""
+        self.start_lines.let_through()
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
         """``Trainer.fit`` holding the run folder's lock; stops cleanly on SIGTERM / SIGINT; an attempt that fails
@@ -212,6 +228,9 @@ class CLI(CompatCLI):
                 raise SystemExit(exit_code(signum)) from None
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
+            if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
+                cause = file_system_message(error)
+                raise UsageError(stopping.halt_message(self.trainer, cause, self.command_line, undone)) from error
             raise
 
     def validate(self, **kwargs: Any) -> None:
@@ -248,6 +267,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         CLI.stop.install()  # a SIGTERM / SIGINT from here on stops the run at its next step (or before its first)
     ConciseArgumentParser.debug = debug
     quiet()
+    CLI.start_lines = HeldLines()  # a mistake found before the run starts is the only line on stderr
     fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
     try:
         cli = CLI(
@@ -257,7 +277,11 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
             auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
             parser_class=ConciseArgumentParser,
-            parser_kwargs={"description": DESCRIPTION, "prog": "python -m cl_lightning"},
+            parser_kwargs={
+                "description": DESCRIPTION,
+                "prog": "python -m cl_lightning",
+                "fit": {"description": FIT_DESCRIPTION},
+            },
             args=args,
             run=run,
         )
@@ -269,7 +293,12 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
         if debug:
             raise
         _fail(error, code=2)
+    except OSError as error:  # a read-only or unwritable folder, a full disk: no traceback either
+        if debug:
+            raise
+        _fail(UsageError(file_system_message(error)), code=2)
     finally:
+        CLI.start_lines.close()
         if run:
             CLI.stop.restore()
             release_all()

@@ -8,6 +8,7 @@ silenced. The last lines of a run, what happened and where its logs and checkpoi
 
 from __future__ import annotations
 
+import errno
 import importlib
 import inspect
 import logging
@@ -107,8 +108,17 @@ def _unknown_class(path: str, given: str) -> str:
     return f"{path}: unknown class '{given}'{did_you_mean(name, choices)}{listed}"
 
 
-def concise_parse_error(message: str) -> str:
-    """One line from a jsonargparse error report: the option, what is wrong, and what it accepts."""
+def concise_parse_error(message: str, options: list[str] | None = None) -> str:
+    """One line from a jsonargparse error report: the option, what is wrong, and what it accepts (``options``: the
+    dotted options of the parser, for a suggestion when a key is misspelt)."""
+    refused = re.search(r"Subcommand '\w+' does not accept option '([\w.]+)'", message)
+    if refused:  # a key no section has, e.g. `trainr:` in a config file
+        option, known = refused.group(1), options or []
+        top = option.split(".")[0]
+        tops = list(dict.fromkeys(o.split(".")[0] for o in known))
+        if top not in tops:
+            return f"{top}: unknown key{did_you_mean(top, tops)}; the top-level keys: {', '.join(tops)}"
+        return f"{option}: unknown option{did_you_mean(option, known)}"
     path, class_path = _key_path(message)
     tail = message[message.rfind('Parser key "') :] if 'Parser key "' in message else message
     nested = re.search(r"Got value: Namespace\(class_path='([^']+)'", tail)  # a callable's class (optimizer)
@@ -142,7 +152,9 @@ def concise_parse_error(message: str) -> str:
     if missing:
         return f"--config {missing.group(1).strip()}: no such file"
     if message.startswith("unrecognized arguments"):
-        return f"{message.strip()} (python -m cl_lightning fit --help lists the options)"
+        first = re.match(r"unrecognized arguments: --([\w.]+)", message)
+        hint = did_you_mean(first.group(1), options or []) if first else ""
+        return f"{message.strip()}{hint} (python -m cl_lightning fit --help lists the options)"
     lines = [line.strip(" -") for line in message.strip().splitlines() if line.strip(" -")]
     return "; ".join(lines[:2])[:300]
 
@@ -161,6 +173,7 @@ class ConciseArgumentParser(LightningArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)  # also the parsers jsonargparse makes for --X.help
+        kwargs["allow_abbrev"] = False  # `--trainer.max_epoch` is a mistake, not `--trainer.max_epochs`
         super().__init__(*args, **kwargs)
 
     def format_help(self, formatter: Any = None) -> str:
@@ -172,11 +185,21 @@ class ConciseArgumentParser(LightningArgumentParser):
         """Write one line and exit with code 2 (jsonargparse's internal, non-exiting parsers are left alone)."""
         if not self.exit_on_error or type(self).debug:
             return ArgumentParser.error(self, message, ex)
-        line = concise_parse_error(message)
+        line = concise_parse_error(message, self.option_names())
         option = re.match(r"([\w.]+): ", line)
         where = locate(option.group(1), type(self).arguments) if option else None
         sys.stderr.write(f"error: {f'{where}: ' if where else ''}{line}\n")
         raise SystemExit(2)
+
+    def option_names(self) -> list[str]:
+        """The dotted options of the running subcommand's parser (of this parser when it has no subcommands)."""
+        parser: Any = self
+        subcommands = getattr(self, "_subcommands_action", None)
+        if subcommands is not None:
+            chosen = next((a for a in type(self).arguments if a in subcommands._name_parser_map), None)
+            parser = subcommands._name_parser_map.get(chosen, self)
+        names = [a.dest for a in parser._actions if a.dest not in ("help", "config", "include", "print_config")]
+        return [n for n in names if not n.startswith("_") and n != "==SUPPRESS=="]
 
 
 def locate(option: str, arguments: list[str]) -> str | None:
@@ -228,6 +251,68 @@ def describe(error: BaseException) -> str:
     where = origin(error)
     private = where is None or where.startswith("_")  # Lightning's internal helpers mean nothing to a user
     return f"{where}: {text}" if not private and not text.startswith(where) else text
+
+
+def file_system_message(error: OSError) -> str:
+    """A file system refusal (read-only or unwritable folder, full disk, …) in one line, naming the path."""
+    path = error.filename or "a file"
+    if error.errno == errno.ENOSPC:
+        return f"{path}: no space left on device"
+    if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (
+            f"{path}: cannot write there ({error.strerror or 'not writable'}); make it writable or log elsewhere "
+            "(--trainer.logger.init_args.save_dir)"
+        )
+    return f"{path}: {error.strerror or describe(error)}"
+
+
+class HeldLines(logging.Handler):
+    """Holds Lightning's start-up lines (``Seed set to 0``, ``GPU available: …``) until the run starts, so that a
+    mistake found while the run is built is the one line on stderr; :meth:`let_through` prints them, :meth:`close`
+    drops what is still held and gives the loggers their handlers back."""
+
+    LOGGERS = ("lightning.pytorch", "lightning.fabric")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.held = True
+        self.replaced = {name: list(logging.getLogger(name).handlers) for name in self.LOGGERS}
+        for name, handlers in self.replaced.items():
+            logger = logging.getLogger(name)
+            for handler in handlers:
+                logger.removeHandler(handler)
+            logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Hold ``record`` until :meth:`let_through`, then pass it on to the logger's own handlers."""
+        if self.held:
+            self.records.append(record)
+            return
+        self._pass_on(record)
+
+    def _pass_on(self, record: logging.LogRecord) -> None:
+        for handlers in (h for name, h in self.replaced.items() if record.name.startswith(name)):
+            for handler in handlers:
+                if record.levelno >= handler.level:
+                    handler.handle(record)
+
+    def let_through(self) -> None:
+        """The run starts: print what was held, and from now on print as it comes."""
+        self.held = False
+        for record in self.records:
+            self._pass_on(record)
+        self.records = []
+
+    def close(self) -> None:
+        """Drop the held lines and restore the loggers' handlers."""
+        for name, handlers in self.replaced.items():
+            logger = logging.getLogger(name)
+            logger.removeHandler(self)
+            for handler in handlers:
+                logger.addHandler(handler)
+        self.records = []
+        super().close()
 
 
 class _DropAdverts(logging.Filter):

@@ -128,8 +128,13 @@ def _tasks_in(path: str) -> int | None:
 
 def stop_message(trainer: Trainer, signum: int, command_line: list[str], undone: bool) -> str:
     """One line: the signal, the task the run stopped in, what it left behind, and the command that resumes it."""
-    name = signal.Signals(signum).name
-    where = f"stopped by {name} at task {trainer.current_epoch + 1} of {trainer.max_epochs}"
+    return halt_message(trainer, f"stopped by {signal.Signals(signum).name}", command_line, undone)
+
+
+def halt_message(trainer: Trainer, cause: str, command_line: list[str], undone: bool) -> str:
+    """One line for a run that ended before its last task (``cause``: ``stopped by SIGTERM``, a file system error):
+    the task it stopped in, what it left behind, and the command that resumes it."""
+    where = f"{cause} at task {trainer.current_epoch + 1} of {trainer.max_epochs}"
     if undone:
         args = shlex.join(command_line)
         return f"{where}, before its first step: nothing was written; start it again with python -m cl_lightning {args}"

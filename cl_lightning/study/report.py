@@ -61,17 +61,47 @@ def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict
 
 
 def unreadable_events(log_dir: str | Path) -> list[str]:
-    """The event files of ``log_dir`` that hold no readable event (empty, or not TensorBoard's format), as
-    ``name (why)``: their values are missing (a seed with none counts as unfinished), and the report says so."""
+    """The event files of ``log_dir`` that cannot be read whole, as ``name (why)``: empty, not TensorBoard's format,
+    damaged (a record whose checksum fails: TensorBoard stops reading there) or truncated. The values after the
+    damage are missing (a seed that lacks its last task counts as unfinished), and the report says so. A trial
+    folder (``trial.json`` or ``config.yaml``) with no event file at all is named too."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+    paths = sorted(Path(log_dir).glob("events.out.tfevents.*"))
+    if not paths and any((Path(log_dir) / f).exists() for f in ("trial.json", "config.yaml")):
+        return ["no event file"]
     bad = []
-    for path in sorted(Path(log_dir).glob("events.out.tfevents.*")):
+    for path in paths:
+        damage = _record_damage(path)
         if path.stat().st_size == 0:
             bad.append(f"{path.name} (empty)")
         elif next(iter(EventFileLoader(str(path)).Load()), None) is None:  # every valid file opens with a version
             bad.append(f"{path.name} (no readable event: corrupt or not an event file)")
+        elif damage:
+            bad.append(f"{path.name} ({damage}; the values after it are missing)")
     return bad
+
+
+def _record_damage(path: Path) -> str | None:
+    """Where an event file stops being readable (TFRecord framing: length, its CRC, data, its CRC), else ``None``."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+
+    data, offset, records = path.read_bytes(), 0, 0
+    while offset < len(data):
+        header = data[offset : offset + 12]
+        if len(header) < 12:
+            return f"truncated at byte {offset} of {len(data)}, after {records} records"
+        length = int.from_bytes(header[:8], "little")
+        if int.from_bytes(header[8:], "little") != masked_crc32c(header[:8]):
+            return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
+        end = offset + 12 + length + 4
+        if end > len(data):
+            return f"truncated at byte {len(data)}, inside record {records + 1}"
+        body, crc = data[offset + 12 : end - 4], data[end - 4 : end]
+        if int.from_bytes(crc, "little") != masked_crc32c(body):
+            return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
+        offset, records = end, records + 1
+    return None
 
 
 def per_task(
@@ -103,7 +133,7 @@ def stream_tasks(config: dict[str, Any]) -> tuple[int | None, int]:
 def _trial_dirs(suite_dir: Path, order: Sequence[str]) -> dict[str, list[tuple[int, Path]]]:
     found: dict[str, list[tuple[int, Path]]] = {}
     for d in sorted(suite_dir.glob("*/seed_*")):
-        if d.is_dir() and any(d.glob("events.out.tfevents.*")):
+        if d.is_dir() and any(d.glob(name) for name in ("events.out.tfevents.*", "trial.json", "config.yaml")):
             found.setdefault(d.parent.name, []).append((int(d.name.removeprefix("seed_")), d))
     ranked = {name: i for i, name in enumerate(order)}
     return dict(sorted(found.items(), key=lambda kv: (ranked.get(kv[0], len(ranked)), kv[0])))
@@ -263,13 +293,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
         raise UsageError(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
+    damaged: dict[str, list[str]] = {}
     for trial in sorted(suite_dir.glob("*/seed_*")):
         bad = unreadable_events(trial)
         if bad:
             print(f"could not read {trial} (its values are missing below): {', '.join(bad)}", flush=True)
+            damaged.setdefault(trial.parent.name, []).append(trial.name)
     out = Path(opts.out) if opts.out else suite_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(experiments, meta)
+    for row in rows:  # its numbers come from what could be read: marked partial
+        if row["experiment"] in damaged:
+            row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
     found = add_departures(rows, suite_dir, meta, out)
     text = write_table(rows, out)
     paper = paper_points(experiments, meta)

@@ -143,6 +143,16 @@ def _unknown(keys: Any, known: tuple[str, ...], where: _Where, *prefix: str) -> 
             raise UsageError(f"{where(*prefix, str(key))}: unknown key '{key}'{hint}; the keys: {', '.join(known)}")
 
 
+MAX_SEED = 2**32 - 1  # Lightning's seed_everything (numpy's range)
+
+
+def check_seeds(seeds: list[int], where: str) -> None:
+    """Refuse a seed Lightning's ``seed_everything`` would refuse in every trial (outside 0..2**32 - 1)."""
+    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
+    if bad:
+        raise UsageError(f"{where}: seed {bad[0]} is out of range: seeds are 0..{MAX_SEED}")
+
+
 def load_suite(path: str | Path) -> Suite:
     """Parse a suite file into its trials (experiments × seeds, experiments in file order).
 
@@ -159,6 +169,7 @@ def load_suite(path: str | Path) -> Suite:
     seeds = spec.get("seeds")
     if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):
         raise UsageError(f"{where('seeds')}: `seeds` must be a non-empty list of integers, got {seeds!r}")
+    check_seeds(seeds, where("seeds"))
     if len(set(seeds)) != len(seeds):
         raise UsageError(f"{where('seeds')}: `seeds` repeats a seed: {seeds}")
     experiments = spec.get("experiments")

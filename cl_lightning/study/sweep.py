@@ -19,6 +19,7 @@ import argparse
 import os
 import shlex
 import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +30,7 @@ import yaml
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study import childproc
 from cl_lightning.study.childproc import passing_signals, received
-from cl_lightning.study.suite import Suite, Trial, load_suite
+from cl_lightning.study.suite import Suite, Trial, check_seeds, load_suite
 from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
 
 
@@ -39,9 +40,10 @@ def _describe(record: dict[str, Any]) -> str:
         return f"{name}: {record.get('reason') or 'already finished'}, skipped"
     a = record["attempts"][-1]
     how = "resumed" if a["resumed_from"] else "ran"
+    why = f"; {a['error']} (the whole output: {a['log']})" if a.get("error") else ""
     return (
         f"{name}: {record['status']} ({how} {a['wall_seconds']:.0f} s, {a['cpu_seconds']:.0f} s CPU,"
-        f" peak {a['peak_rss_bytes'] / 2**30:.2f} GiB, exit {a['returncode']}, last task {record['last_task']})"
+        f" peak {a['peak_rss_bytes'] / 2**30:.2f} GiB, exit {a['returncode']}, last task {record['last_task']}){why}"
     )
 
 
@@ -140,6 +142,7 @@ def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, An
 def _selected(suite: Suite, opts: argparse.Namespace) -> list[Trial]:
     """The suite's trials with ``--seeds`` and ``--fit-args`` applied, those of ``--only`` (each must exist)."""
     if opts.seeds:
+        check_seeds(opts.seeds, "--seeds")
         runs = list(dict.fromkeys((t.name, t.configs, t.args) for t in suite.trials))
         suite.trials = [Trial(suite.name, n, s, c, a) for n, c, a in runs for s in opts.seeds]
     if opts.fit_args:
@@ -151,9 +154,18 @@ def _selected(suite: Suite, opts: argparse.Namespace) -> list[Trial]:
     return [t for t in suite.trials if not opts.only or t.name in opts.only]
 
 
+def _joined_fit_args(argv: Sequence[str]) -> list[str]:
+    """``--fit-args '--data…'`` as ``--fit-args=--data…``: argparse takes a value starting with ``-`` for an option."""
+    out, rest = [], list(argv)
+    while rest:
+        arg = rest.pop(0)
+        out.append(f"{arg}={rest.pop(0)}" if arg == "--fit-args" and rest else arg)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning sweep``; returns 1 when a trial is left unfinished, else 0."""
-    opts = _parser().parse_args(argv)
+    opts = _parser().parse_args(_joined_fit_args(sys.argv[1:] if argv is None else argv))
     suite = load_suite(opts.suite)
     trials = _selected(suite, opts)
     suite_dir = Path(opts.root) / suite.name
@@ -180,8 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{t.name}/seed_{t.seed}: already finished, skipped", flush=True)
     records = _run(todo, opts) if todo else []
     left = sum(r.get("status") != FINISHED for r in records) + len(todo) - len(records)
-    print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
-    print(f"  python -m cl_lightning report {suite_dir}", flush=True)
+    if left == len(trials):  # nothing to report on
+        print(f"suite {suite.name}: none of {len(trials)} trials finished (their errors are above)", flush=True)
+    else:
+        print(f"suite {suite.name}: {len(trials) - left} of {len(trials)} trials finished; report:", flush=True)
+        print(f"  python -m cl_lightning report {suite_dir}", flush=True)
     signum = received()
     if signum is not None:
         print(f"stopped by {signal.Signals(signum).name}: run the same command again to resume", flush=True)

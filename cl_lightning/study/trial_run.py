@@ -124,6 +124,8 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
         "host": socket.gethostname(),
         "command": argv,
     }
+    if proc.returncode != 0:  # why, in the fit's own words: its error line (or its last line)
+        attempt |= {"error": _error_line(log_dir / "fit.log"), "log": str(log_dir / "fit.log")}
     last, wanted = _last_task(log_dir)
     done = proc.returncode == 0 and last is not None and (wanted is None or last == wanted - 1)
     record = {
@@ -135,3 +137,14 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     }
     record_path.write_text(json.dumps(record, indent=1))
     return record
+
+
+def _error_line(fit_log: Path) -> str:
+    """The last attempt's ``error:`` line in ``fit.log`` (else its last line), for the sweep's console."""
+    try:
+        text = fit_log.read_text(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in text.rpartition("\n$ ")[2].splitlines()[1:] if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1][:300]
