@@ -12,18 +12,24 @@ from cl_lightning.data import StreamDataModule, SyntheticClasses
 from cl_lightning.data.stream import StreamBatch
 from cl_lightning.learners import Backprop
 from cl_lightning.learners.base import TaskMean
+from cl_lightning.learners.engines import StepRun
 
 
 class _BothWays(Backprop):
-    """Logs the same weighted batch values through Lightning (reference) and through ``log_task_mean``."""
+    """Logs the same weighted chunk values through Lightning (reference) and through the step run's task mean."""
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> torch.Tensor:
-        y = batch[1]
-        n = 1 + batch_idx % 5  # unequal weights, so a plain mean of batch means would differ
-        value = torch.tensor(float(batch_idx * batch_idx) + float(y[0]), dtype=torch.float32)
+    def on_train_epoch_start(self) -> None:
+        super().on_train_epoch_start()
+        self._chunk = 0  # the chunk's index in its task (the batch index: one chunk per batch)
+
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> torch.Tensor:
+        i, y = self._chunk, batch[1]
+        self._chunk += 1
+        n = 1 + i % 5  # unequal weights, so a plain mean of batch means would differ
+        value = torch.tensor(float(i * i) + float(y[0]), dtype=torch.float32)
         self.log("ref/value", value, on_step=False, on_epoch=True, batch_size=n)
-        self.log_task_mean("fast/value", value, n)
-        return super().training_step(batch, batch_idx)
+        run.log_task_mean("fast/value", value, n)
+        return super().learn_chunk(batch, run)
 
 
 def _trainer(tmp_path: Path, tasks: int) -> Trainer:

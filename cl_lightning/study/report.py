@@ -302,10 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(opts.out) if opts.out else suite_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(experiments, meta)
+    found = add_departures(rows, suite_dir, meta, out)  # departures.md names experiments by their plain label
     for row in rows:  # its numbers come from what could be read: marked partial
         if row["experiment"] in damaged:
             row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
-    found = add_departures(rows, suite_dir, meta, out)
     text = write_table(rows, out)
     paper = paper_points(experiments, meta)
     text += "".join(
