@@ -95,6 +95,10 @@ CASES: dict[str, tuple[list[str], str]] = {
     "negative backward lag": (fit("--data.backward_lag=-1"), "StreamDataModule: backward_lag must be >= 1, got -1"),
     "negative context": (fit("--data.context_size=-5"), "StreamDataModule: context_size must be >= 0, got -5"),
     "empty query set": (fit("--data.stream.query_size=0"), "SyntheticClasses: query_size must be >= 1, got 0"),
+    "a monitor's cadence of 0": (
+        fit("--callbacks.hessian.every_n_tasks=0"),
+        "every_n_tasks, num_queries, top_k and query_chunk must be positive, got every_n_tasks=0",
+    ),
     # --- files the user wrote: the file and line ---
     "YAML that does not parse": (fit("--config", "{w}/broken.yaml"), "broken.yaml:4:5: not valid YAML: expected ','"),
     "misspelt include": (fit("--config", "{w}/includes.yaml"), "includes.yaml:1: included 'nope.yaml' not found"),

@@ -78,7 +78,7 @@ class ForgettingMonitor(Callback):
         plot_budget: float = 0.02,
     ) -> None:
         if plot_budget < 0:
-            raise ValueError("plot_budget must be >= 0")
+            raise ValueError(f"plot_budget must be >= 0, got {plot_budget}")
         self.measure_baseline, self.reference = measure_baseline, reference
         self.plot, self.plot_budget = plot, plot_budget
         self._fit_start, self._plot_seconds = time.monotonic(), 0.0

@@ -146,7 +146,10 @@ class HessianMonitor(Callback):
         max_exact_params: int | None = 16384,
     ) -> None:
         if every_n_tasks < 1 or num_queries < 1 or top_k < 1 or (query_chunk is not None and query_chunk < 1):
-            raise ValueError("every_n_tasks, num_queries, top_k and query_chunk must be positive")
+            raise ValueError(
+                "every_n_tasks, num_queries, top_k and query_chunk must be positive, got "
+                f"every_n_tasks={every_n_tasks}, num_queries={num_queries}, top_k={top_k}, query_chunk={query_chunk}"
+            )
         self.method, self.every_n_tasks, self.num_queries = method, every_n_tasks, num_queries
         self.parameters = parameters
         self.jitter, self.clamp, self.srank_delta, self.chunk_size = jitter, clamp, srank_delta, chunk_size

@@ -131,7 +131,10 @@ class PlasticityMonitor(Callback):
         activation: Literal["relu", "identity"] = "relu",
     ) -> None:
         if every_n_tasks < 1 or probe_size < 1 or max_rows < 1:
-            raise ValueError("every_n_tasks, probe_size and max_rows must be positive")
+            raise ValueError(
+                "every_n_tasks, probe_size and max_rows must be positive, got "
+                f"every_n_tasks={every_n_tasks}, probe_size={probe_size}, max_rows={max_rows}"
+            )
         self.every_n_tasks, self.probe_size, self.max_rows = every_n_tasks, probe_size, max_rows
         self.dormant_tau, self.srank_delta, self.activation = dormant_tau, srank_delta, activation
         self._warned = False

@@ -46,7 +46,10 @@ class EWC(Backprop):
     ) -> None:
         super().__init__(**kwargs)
         if ewc_lambda < 0 or num_penalties < 1 or (fisher_samples is not None and fisher_samples < 1):
-            raise ValueError("ewc_lambda >= 0, num_penalties >= 1 and fisher_samples >= 1 (or null) are required")
+            raise ValueError(
+                "ewc_lambda >= 0, num_penalties >= 1 and fisher_samples >= 1 (or null) are required, got "
+                f"ewc_lambda={ewc_lambda}, num_penalties={num_penalties}, fisher_samples={fisher_samples}"
+            )
         self.ewc_lambda, self.num_penalties, self.fisher_samples = ewc_lambda, num_penalties, fisher_samples
         num_params = sum(p.numel() for p in self._weights())
         self.register_buffer("fisher", torch.zeros(num_penalties, num_params))  # (K, P)
