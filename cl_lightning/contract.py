@@ -243,3 +243,10 @@ def require(obj: Any, protocol: type, who: str) -> None:
     )
     lacks = ", ".join(missing) or "?"
     raise TypeError(f"{who} needs the {protocol.__name__} interface; {type(obj).__name__} lacks {lacks}")
+
+
+def step_numbers(step_kernel: object) -> object:
+    """What a learner's ``step_kernel`` means for its numbers: ``"torch"`` (the name before step engines),
+    ``"autograd"`` and ``"fused"`` compute the same numbers bit for bit and read as ``"autograd"``; ``"native"`` rounds
+    otherwise and stays itself. A resumed checkpoint and a report's departures compare step kernels through it."""
+    return "autograd" if step_kernel in ("torch", "fused") else step_kernel

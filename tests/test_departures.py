@@ -70,6 +70,16 @@ def _suite_folder(tmp_path: Path, spec: dict) -> Path:
     return logs / suite.name
 
 
+def test_step_kernels_with_the_same_numbers_are_no_departure() -> None:
+    """``torch`` (the name before step engines), ``autograd`` and ``fused`` compute the same numbers: none departs
+    from another; ``native`` rounds otherwise and does."""
+    paper = {"model": {"init_args": {"step_kernel": "autograd"}}}
+    same = [{"model": {"init_args": {"step_kernel": k}}} for k in ("torch", "fused", "autograd")]
+    assert departures(paper, same) == []
+    native = {"model": {"init_args": {"step_kernel": "native"}}}
+    assert departures_text(departures(paper, [native])) == "model.step_kernel autograd → native"
+
+
 def test_a_suite_lists_what_its_trials_change_from_the_paper_config(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

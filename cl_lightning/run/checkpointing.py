@@ -26,6 +26,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from cl_lightning.contract import step_numbers
+
 _VERSION = re.compile(r"version_(\d+)")
 TEMP_MARK = ".tmp"  # a checkpoint being written is ``<name>.ckpt.tmp<pid>`` beside its target
 
@@ -254,11 +256,10 @@ def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | Non
 
 
 def _same_numbers(hparams: dict[str, Any]) -> dict[str, Any]:
-    """``hparams`` with the step engines that compute the same numbers bit for bit named alike: ``step_kernel``
-    ``"torch"`` (its name before engines), ``"autograd"`` and ``"fused"`` all as ``"autograd"`` (``"native"`` rounds
-    otherwise and stays apart)."""
-    if hparams.get("step_kernel") in ("torch", "fused"):
-        return {**hparams, "step_kernel": "autograd"}
+    """``hparams`` with the step engines that compute the same numbers bit for bit named alike
+    (:func:`cl_lightning.contract.step_numbers`)."""
+    if "step_kernel" in hparams:
+        return {**hparams, "step_kernel": step_numbers(hparams["step_kernel"])}
     return dict(hparams)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from cl_lightning.contract import step_numbers
 from cl_lightning.errors import UsageError
 from cl_lightning.study.suite import load_suite
 
@@ -89,7 +90,8 @@ def departures(paper: dict[str, Any], trials: Sequence[dict[str, Any]]) -> list[
         if key in IGNORED or key.rsplit(".", 1)[-1] == "seed":
             continue
         ours = [run[key] for run in runs if key in run]
-        if any(v != base.get(key) for v in ours):
+        same = step_numbers if key.endswith(".step_kernel") else lambda v: v  # engines with the same numbers
+        if any(same(v) != same(base.get(key)) for v in ours):
             distinct = tuple(v for i, v in enumerate(ours) if v not in ours[:i])
             found.append(Departure(key, base.get(key), distinct))
     return found
