@@ -315,3 +315,17 @@ def test_kill_9_many_times_every_learner(tmp_path: Path, learner: str) -> None:
 def test_kill_9_during_warmup_then_resume_equals_uninterrupted(tmp_path: Path) -> None:
     """2 warm-up tasks of 3: the kills land in the warm-up epochs (which evaluate nothing) or just after."""
     assert_kills_then_resume_equal_uninterrupted(tmp_path, [*BACKPROP, "--data.stream.warmup_tasks=2"], random_kills=1)
+
+
+def test_last_is_the_most_finished_of_lightnings_versioned_last_checkpoints(tmp_path: Path) -> None:
+    """Lightning writes ``last-v1.ckpt`` beside a ``last.ckpt`` it did not write itself (its callback state was not
+    restored, e.g. after the run folder moved): ``last`` is the checkpoint of the most finished tasks, not the name."""
+    from cl_lightning.run.checkpointing import last_checkpoint
+
+    folder = tmp_path / "version_0" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save({"epoch": 7}, folder / "last-v1.ckpt")
+    torch.save({"epoch": 3}, folder / "last.ckpt")
+    assert last_checkpoint(tmp_path / "version_0") == folder / "last-v1.ckpt"
+    (folder / "last-v1.ckpt").unlink()
+    assert last_checkpoint(tmp_path / "version_0") == folder / "last.ckpt"

@@ -138,12 +138,25 @@ def newest_checkpointed_run(experiment: Path) -> Path | None:
 
 
 def last_checkpoint(run: Path) -> Path | None:
-    """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``."""
+    """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``. Where Lightning kept
+    ``last.ckpt`` and wrote ``last-v1.ckpt`` beside it (its checkpoint callback could not restore its state, e.g.
+    after the run folder moved), the one of the most finished tasks."""
     folder = run / "checkpoints"
-    if (folder / "last.ckpt").is_file():
-        return folder / "last.ckpt"
+    lasts = sorted(p for p in folder.glob("last*.ckpt") if p.is_file())
+    if len(lasts) > 1:
+        return max(lasts, key=_tasks_done)
+    if lasts:
+        return lasts[0]
     found = [p for p in folder.glob("*.ckpt") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _tasks_done(path: Path) -> int:
+    """The epoch a checkpoint was written at (-1 where it cannot be read)."""
+    try:
+        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True).get("epoch", -1))
+    except Exception:  # a damaged file loses to any readable one
+        return -1
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
