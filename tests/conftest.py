@@ -25,3 +25,15 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _event_files_sort_in_order() -> None:
+    """TensorBoard names an event file ``events.out.tfevents.<second>.<host>.<pid>.<n>`` with ``n`` counting the
+    writers of the process, and reads a folder's files in name order. Every test's fits run in this one process, so two
+    fits of one test within one second could be read out of order once ``n`` passes 9 (``.10`` sorts before ``.9``;
+    seen in CI as steps [47, 15, 31]). A fit run from the command line has a process of its own and ``n`` = 0. Each
+    test counts from 0 again, so its files stay below 10 and sort as they were written."""
+    from tensorboard.summary.writer import event_file_writer
+
+    event_file_writer._global_uid = event_file_writer.AtomicCounter(0)

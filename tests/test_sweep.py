@@ -22,7 +22,7 @@ from cl_lightning.study.report import per_task, published_numbers, read_scalars
 from cl_lightning.study.suite import Trial, load_suite
 from cl_lightning.study.sweep import main as sweep_main
 from cl_lightning.study.sweep import run_sequential
-from cl_lightning.study.trial_run import FINISHED, trial_state
+from cl_lightning.study.trial_run import FINISHED, _resume_point, trial_state
 
 SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
 
@@ -199,6 +199,18 @@ def test_sequential_sweep_runs_skips_and_records(
     assert "Ray is not installed: trials run one after another" in out
     assert 'pip install "cl-lightning[sweep]"' in out
     assert len(json.loads((d / "trial.json").read_text())["attempts"]) == 1
+
+
+def test_a_trial_whose_folder_moved_resumes_from_lightnings_versioned_last(tmp_path: Path) -> None:
+    """After its run folder moved, Lightning keeps ``last.ckpt`` and writes ``last-v1.ckpt``: a sweep resumes the
+    trial from the most finished of them (as ``fit --ckpt_path last`` does), never starts it over."""
+    trial = load_suite(_suite(tmp_path, [0], experiments=("a",))).trials[0]
+    checkpoints = trial.log_dir(tmp_path / "logs") / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    torch.save({"epoch": 3}, checkpoints / "last-v1.ckpt")
+    assert trial_state(trial, tmp_path / "logs") == "resume"
+    torch.save({"epoch": 1}, checkpoints / "last.ckpt")
+    assert _resume_point(trial.log_dir(tmp_path / "logs")) == checkpoints / "last-v1.ckpt"
 
 
 @pytest.mark.slow

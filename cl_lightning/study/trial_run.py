@@ -3,9 +3,10 @@
 A trial's folder is ``<root>/<suite>/<experiment>/seed_<s>/`` (:meth:`~cl_lightning.study.suite.Trial.log_dir`). A trial
 is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and every
 attempt (wall and CPU time, peak memory, exit code, host, command). An unfinished or ``stopped`` trial (its fit exited
-on SIGTERM / SIGINT) resumes from ``checkpoints/last.ckpt``. ``trial.lock`` (:mod:`cl_lightning.run.runfolder`) keeps a
-second sweep off a trial one is running; a ``stop.request`` file in the trial folder (:func:`request_stop`) stops its
-fit where a signal cannot reach it (a Ray worker's child, :mod:`cl_lightning.study.childproc`).
+on SIGTERM / SIGINT) resumes from ``checkpoints/last.ckpt`` (or the most finished ``last-vN.ckpt``). ``trial.lock``
+(:mod:`cl_lightning.run.runfolder`) keeps a second sweep off a trial one is running; a ``stop.request`` file in the
+trial folder (:func:`request_stop`) stops its fit where a signal cannot reach it (a Ray worker's child,
+:mod:`cl_lightning.study.childproc`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,15 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     record = log_dir / "trial.json"
     if record.exists() and json.loads(record.read_text()).get("status") == FINISHED:
         return FINISHED
-    return "resume" if (log_dir / "checkpoints" / "last.ckpt").exists() else "new"
+    return "resume" if _resume_point(log_dir) is not None else "new"
+
+
+def _resume_point(log_dir: Path) -> Path | None:
+    """The checkpoint ``fit --ckpt_path last`` would take in this run folder: ``last.ckpt``, or the most finished of
+    Lightning's versioned ``last-vN.ckpt`` beside it (written when the run folder had moved)."""
+    from cl_lightning.run.checkpointing import last_checkpoint  # Lightning only when a trial runs
+
+    return last_checkpoint(log_dir)
 
 
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
@@ -97,7 +106,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     state = trial_state(trial, root)
     if state == FINISHED:
         return record | {"skipped": True}
-    ckpt = log_dir / "checkpoints" / "last.ckpt" if state == "resume" else None
+    ckpt = _resume_point(log_dir) if state == "resume" else None
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
             stale.unlink()
