@@ -152,6 +152,18 @@ def test_last_restarts_a_run_that_has_no_checkpoint_in_its_own_folder(tmp_path: 
     assert _scalars(_run(tmp_path)) == first
 
 
+def test_enable_checkpointing_false_turns_the_checkpoint_slot_off(tmp_path: Path) -> None:
+    """A config's checkpoint slot gives way to ``--trainer.enable_checkpointing=false`` (Lightning itself refuses the
+    pair, and the message used to be blamed on trainer.accelerator): the run trains and writes no checkpoint."""
+    slot = [
+        "--callbacks.checkpoint=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--callbacks.checkpoint.save_last=true",
+    ]
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=1, extra=[*slot, "--trainer.enable_checkpointing=false"])])
+    assert _scalars(_run(tmp_path))["eval/forward_acc"]
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 def test_accepted_changes_use_the_config_values(tmp_path: Path) -> None:
     """`--accept_changed_hparams`: the config's learning rate replaces the one restored from the checkpoint."""
     main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=1, extra=CHECKPOINTS)])

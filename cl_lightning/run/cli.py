@@ -29,6 +29,7 @@ What the CLI adds to every run, so a run can be trusted:
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
@@ -125,11 +126,14 @@ class CLI(CompatCLI):
         super().parse_arguments(parser, expanded)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The Trainer, given the named callbacks (slots set to null are off) before ``trainer.callbacks``."""
-        slots = self.section(self.config_init, "callbacks")
-        named = [c for c in (slots.get(n) for n in CALLBACK_SLOTS) if c is not None] if slots is not None else []
+        """The Trainer, given the named callbacks (slots set to null are off) before ``trainer.callbacks``;
+        ``--trainer.enable_checkpointing=false`` turns the ``checkpoint`` slot off, as it would in LightningCLI."""
+        slots = self.section(self.config_init, "callbacks") or {}
+        trainer = self.section(self.config_init, "trainer", default={})
+        off = {"checkpoint"} if trainer.get("enable_checkpointing") is False else set()
+        named = [slots[n] for n in CALLBACK_SLOTS if slots.get(n) is not None and n not in off]
         if named:
-            listed = self.section(self.config_init, "trainer", default={}).get("callbacks") or []
+            listed = trainer.get("callbacks") or []
             kwargs.setdefault("callbacks", [*named, *(listed if isinstance(listed, list) else [listed])])
         return super().instantiate_trainer(**kwargs)
 
@@ -155,6 +159,8 @@ class CLI(CompatCLI):
         except TypeError as error:
             raise UsageError(describe(error)) from error
         except MisconfigurationException as error:  # e.g. --trainer.accelerator gpu on a machine without one
+            if not re.search(r"accelerator|device|gpu|cuda|mps|tpu", str(error), re.IGNORECASE):
+                raise UsageError(describe(error)) from error
             accelerator = self.section(self.config, "trainer").get("accelerator")
             hint = "" if accelerator in ("cpu", "auto") else "; without one use --trainer.accelerator cpu"
             raise UsageError(f"trainer.accelerator={accelerator}: {describe(error)}{hint}") from error
