@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
 from cl_lightning.learners.arguments import running_arguments, taken_arguments
-from cl_lightning.learners.engines import StepRun, step_engine
+from cl_lightning.learners.engines import StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
@@ -196,10 +196,9 @@ class ContinualLearner(LightningModule, ABC):
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``);
-        refuse ``StreamSteps`` batches (``data.steps_per_batch`` > 1) without a step engine to learn them."""
+        refuse ``StreamSteps`` batches the run cannot learn (:func:`~cl_lightning.learners.engines.check_steps`)."""
         drop_unloadable_nvml_check()
-        if self.engine is None and getattr(self.trainer.datamodule, "steps_per_batch", 1) > 1:
-            raise TypeError(f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1")
+        check_steps(self, self.trainer.datamodule, self.trainer.world_size)
 
     def on_train_start(self) -> None:
         """Refuse a run the step engine cannot serve (:meth:`~cl_lightning.learners.engines.AutogradEngine.check_run`)
