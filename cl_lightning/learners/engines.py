@@ -39,7 +39,7 @@ from cl_lightning.learners.task_mean import Terms
 from cl_lightning.nn import native
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
-from cl_lightning.nn.hooks import has_forward_hooks
+from cl_lightning.nn.fused_steps import has_forward_hooks
 
 __all__ = [
     "AutogradEngine",
