@@ -171,8 +171,7 @@ def from_logs(stream_name: str, logs: list[Path]) -> dict:
 
 def figure(stream_name: str, result: dict, path: Path, chance: float) -> None:
     """One panel per lag: live recall against context bytes, a line per learner (mean ± std band)."""
-    plt = icl._plt()
-    fig, axes = plt.subplots(1, len(LAGS), figsize=(5 * len(LAGS), 4), sharey=True)
+    fig, axes = icl._plt().subplots(1, len(LAGS), figsize=(5 * len(LAGS), 4), sharey=True)
     for ax, lag in zip(axes, LAGS, strict=True):
         if all(math.isnan(c[f"mean{lag}"]) for cells in result["cells"].values() for c in cells.values()):
             ax.set_title(f"lag {lag}: stream too short")
@@ -194,9 +193,7 @@ def figure(stream_name: str, result: dict, path: Path, chance: float) -> None:
     axes[0].set_ylabel("live recall (mean ± std over seeds)")
     axes[0].legend(fontsize=7)
     fig.suptitle(f"{stream_name}: buffers (dashed) vs fast-weight states (solid)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    icl.save_figure(fig, path)
 
 
 def table_rows(stream_name: str, result: dict) -> list[list[str]]:

@@ -367,76 +367,52 @@ def op_throughput(tokens: int, chunk_sizes: list[int], repeats: int) -> dict[str
 
 def ablation_specs(hidden: list[int]) -> list[tuple[str, str, Spec]]:
     """(question, lever, spec): each lever against the delta-rule baseline at about 1,280 state floats."""
-    p = parametric
+
+    def lever(name: str, rule: fw.FastWeightRule | None = None, key_dim: int = 128, **change: Any) -> Spec:
+        """The baseline (delta rule, d_k 128, one head) with what the lever changes."""
+        return parametric(name, hidden, rule=rule or fw.DeltaRule(), key_dim=key_dim, **change)
+
     return [
-        ("baseline", "delta rule, d_k 128, 1 head", p("delta_rule", hidden, rule=fw.DeltaRule(), key_dim=128)),
-        ("Q1 objective", "forget gate (gated delta rule)", p("gdn", hidden, rule=fw.GatedDeltaRule(), key_dim=128)),
+        ("baseline", "delta rule, d_k 128, 1 head", lever("delta_rule")),
+        ("Q1 objective", "forget gate (gated delta rule)", lever("gdn", rule=fw.GatedDeltaRule())),
         (
             "Q1 objective",
             "weight decay only (titans, mu0 0.01, d_k 64)",
-            p("wd", hidden, key_dim=64, rule=fw.Titans(momentum_init=0.01, mini_batch_size=1)),
+            lever("wd", key_dim=64, rule=fw.Titans(momentum_init=0.01, mini_batch_size=1)),
         ),
-        ("Q1 objective", "4 heads x d_k 32", p("heads4", hidden, rule=fw.DeltaRule(), key_dim=32, num_heads=4)),
-        ("Q2 long-range", "Omega window c = 2", p("omega2", hidden, key_dim=128, rule=fw.OmegaRule(window=2))),
-        ("Q2 long-range", "Omega window c = 4", p("omega4", hidden, key_dim=128, rule=fw.OmegaRule(window=4))),
-        ("Q2 long-range", "Omega window c = 8", p("omega8", hidden, key_dim=128, rule=fw.OmegaRule(window=8))),
+        ("Q1 objective", "4 heads x d_k 32", lever("heads4", key_dim=32, num_heads=4)),
+        ("Q2 long-range", "Omega window c = 2", lever("omega2", rule=fw.OmegaRule(window=2))),
+        ("Q2 long-range", "Omega window c = 4", lever("omega4", rule=fw.OmegaRule(window=4))),
+        ("Q2 long-range", "Omega window c = 8", lever("omega8", rule=fw.OmegaRule(window=8))),
         (
             "Q2 long-range",
             "momentum + wd (titans, mu0 0.9, d_k 64)",
-            p("titans", hidden, key_dim=64, rule=fw.Titans(momentum_init=0.9, mini_batch_size=1)),
+            lever("titans", key_dim=64, rule=fw.Titans(momentum_init=0.9, mini_batch_size=1)),
         ),
-        (
-            "Q2 long-range",
-            "TTT-Linear mini-batch 16 (d_k 36)",
-            p("ttt_linear", hidden, rule=fw.TTTLinear(), key_dim=36),
-        ),
+        ("Q2 long-range", "TTT-Linear mini-batch 16 (d_k 36)", lever("ttt_linear", rule=fw.TTTLinear(), key_dim=36)),
         (
             "Q3 keys/values",
             "deep memory: TTT-MLP (d_k 48, D_h 20)",
-            p("ttt_mlp", hidden, key_dim=48, rule=fw.TTTMLP(hidden=20)),
+            lever("ttt_mlp", key_dim=48, rule=fw.TTTMLP(hidden=20)),
         ),
-        (
-            "Q3 keys/values",
-            "feature map elu+1",
-            p("elu1", hidden, rule=fw.DeltaRule(), key_dim=128, feature_map="elu1"),
-        ),
-        (
-            "Q3 keys/values",
-            "feature map poly2 (11^2 = 121 rows)",
-            p("poly2", hidden, rule=fw.DeltaRule(), key_dim=121, feature_map="poly2"),
-        ),
-        (
-            "Q3 keys/values",
-            "feature map random Fourier",
-            p("rff", hidden, rule=fw.DeltaRule(), key_dim=128, feature_map="random_fourier"),
-        ),
-        (
-            "Q3 keys/values",
-            "2 key-value pairs per example",
-            p("kv2", hidden, rule=fw.DeltaRule(), key_dim=128, kv_pairs=2),
-        ),
-        (
-            "Q3 keys/values",
-            "4 key-value pairs per example",
-            p("kv4", hidden, rule=fw.DeltaRule(), key_dim=128, kv_pairs=4),
-        ),
-        (
-            "slow-weight drift",
-            "encoder frozen at random init",
-            p("frozen", hidden, rule=fw.DeltaRule(), key_dim=128, encoder_training="frozen_random"),
-        ),
+        ("Q3 keys/values", "feature map elu+1", lever("elu1", feature_map="elu1")),
+        ("Q3 keys/values", "feature map poly2 (11^2 = 121 rows)", lever("poly2", key_dim=121, feature_map="poly2")),
+        ("Q3 keys/values", "feature map random Fourier", lever("rff", feature_map="random_fourier")),
+        ("Q3 keys/values", "2 key-value pairs per example", lever("kv2", kv_pairs=2)),
+        ("Q3 keys/values", "4 key-value pairs per example", lever("kv4", kv_pairs=4)),
+        ("slow-weight drift", "encoder frozen at random init", lever("frozen", encoder_training="frozen_random")),
         (
             "slow-weight drift",
             "encoder frozen after task 0",
-            p("frozen1", hidden, rule=fw.DeltaRule(), key_dim=128, encoder_training="frozen_after_first_task"),
+            lever("frozen1", encoder_training="frozen_after_first_task"),
         ),
-        ("state size (bytes grow)", "d_k 32", p("k32", hidden, rule=fw.DeltaRule(), key_dim=32)),
-        ("state size (bytes grow)", "d_k 512", p("k512", hidden, rule=fw.DeltaRule(), key_dim=512)),
-        ("state size (bytes grow)", "d_k 1024", p("k1024", hidden, rule=fw.DeltaRule(), key_dim=1024)),
+        ("state size (bytes grow)", "d_k 32", lever("k32", key_dim=32)),
+        ("state size (bytes grow)", "d_k 512", lever("k512", key_dim=512)),
+        ("state size (bytes grow)", "d_k 1024", lever("k1024", key_dim=1024)),
         (
             "state size (bytes grow)",
             "d_k 1024, frozen encoder",
-            p("k1024f", hidden, rule=fw.DeltaRule(), key_dim=1024, encoder_training="frozen_random"),
+            lever("k1024f", key_dim=1024, encoder_training="frozen_random"),
         ),
     ]
 
@@ -453,10 +429,22 @@ def _plt():
     return plt
 
 
+def save_figure(fig: Any, path: Path) -> None:
+    """Lay ``fig`` out, write it to ``path`` (110 dpi) and close it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _plt().close(fig)
+
+
+def _stream_panels(card: dict[str, dict[str, Any]]) -> tuple[Any, list[Any]]:
+    """A figure with one panel per stream of ``card``, side by side, and its axes."""
+    fig, axes = _plt().subplots(1, len(card), figsize=(6.5 * len(card), 4), squeeze=False)
+    return fig, list(axes[0])
+
+
 def figure_recall(card: dict[str, dict[str, Any]], chance: dict[str, float], path: Path) -> None:
     """Property 1: live recall at each lag, one panel per stream, one bar group per learner."""
-    plt = _plt()
-    fig, axes = plt.subplots(len(card), 1, figsize=(12, 3.6 * len(card)), squeeze=False)
+    fig, axes = _plt().subplots(len(card), 1, figsize=(12, 3.6 * len(card)), squeeze=False)
     for ax, (stream_name, rows) in zip(axes[:, 0], card.items(), strict=True):
         names = list(rows)
         width = 0.8 / len(LAGS)
@@ -472,16 +460,13 @@ def figure_recall(card: dict[str, dict[str, Any]], chance: dict[str, float], pat
         ax.set_ylabel("live recall (acc.)")
         ax.set_title(f"(1) live recall of task t - lag from the learner's own memory: {stream_name}")
         ax.legend(ncol=4, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def figure_cost(card: dict[str, dict[str, Any]], path: Path) -> None:
     """Property 2: ms per token early vs late in the stream."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(card), figsize=(6.5 * len(card), 4), squeeze=False)
-    for ax, (stream_name, rows) in zip(axes[0], card.items(), strict=True):
+    fig, axes = _stream_panels(card)
+    for ax, (stream_name, rows) in zip(axes, card.items(), strict=True):
         names = list(rows)
         x = range(len(names))
         ax.bar([i - 0.2 for i in x], [rows[n]["ms_per_token_early"] for n in names], 0.4, label="first 10% of steps")
@@ -491,15 +476,12 @@ def figure_cost(card: dict[str, dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("ms per token (train step)")
         ax.set_title(f"(2) per-token cost, early vs late: {stream_name}")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def figure_parallel(ops: dict[str, Any], path: Path) -> None:
     """Property 3: tokens/s of the chunked form vs chunk size, the recurrent reference as a dotted level."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, ax = _plt().subplots(figsize=(8, 4.5))
     for name, row in ops.items():
         sizes = sorted(row["chunked"], key=int)
         line = ax.plot([int(s) for s in sizes], [row["chunked"][s] for s in sizes], "o-", label=name)[0]
@@ -510,16 +492,13 @@ def figure_parallel(ops: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("tokens / s (forward, 1 thread)")
     ax.set_title("(3) chunked form (lines) vs token-by-token recurrence (dotted)")
     ax.legend(fontsize=7, ncol=3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def figure_memory(card: dict[str, dict[str, Any]], path: Path) -> None:
     """Property 4: context bytes over the stream."""
-    plt = _plt()
-    fig, axes = plt.subplots(1, len(card), figsize=(6.5 * len(card), 4), squeeze=False)
-    for ax, (stream_name, rows) in zip(axes[0], card.items(), strict=True):
+    fig, axes = _stream_panels(card)
+    for ax, (stream_name, rows) in zip(axes, card.items(), strict=True):
         for name, row in rows.items():
             seen, nbytes = zip(*row["bytes_trace"], strict=True)
             style = "--" if row["evicted"] else "-"
@@ -529,15 +508,12 @@ def figure_memory(card: dict[str, dict[str, Any]], path: Path) -> None:
         ax.set_ylabel("context memory bytes")
         ax.set_title(f"(4) memory over the stream (dashed: evicts): {stream_name}")
         ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def figure_ablation(rows: list[dict[str, Any]], chance: float, path: Path) -> None:
     """The ablation: live recall at lags 5 and 20 per lever, mean +- std over seeds."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.5))
+    fig, ax = _plt().subplots(figsize=(9, 0.32 * len(rows) + 1.5))
     y = list(range(len(rows)))[::-1]
     for dy, lag in ((0.18, 5), (-0.18, 20)):
         ax.barh(
@@ -552,9 +528,7 @@ def figure_ablation(rows: list[dict[str, Any]], chance: float, path: Path) -> No
     ax.set_xlabel("live recall (mean +- std, 3 seeds)")
     ax.set_title("Open questions as levers: live recall on AssociativeRecall")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def _fmt(x: float | None, spec: str = ".2f") -> str:

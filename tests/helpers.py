@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -31,6 +32,32 @@ def tiny_args(tmp_path: Path, learner: list[str], tasks: int = 3, extra: list[st
         *learner,
         *(extra or []),
     ]
+
+
+def quiet_args(root: Path) -> list[str]:
+    """CLI arguments that strip a paper config's fit to the learning: no progress bar, logger, callbacks (the
+    configs' named monitors included), checkpoints or model summary; its files under ``root``."""
+    from cl_lightning.run.compose import CALLBACK_SLOTS
+
+    return [
+        "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--trainer.callbacks=[]",
+        *[f"--callbacks.{name}=null" for name in CALLBACK_SLOTS],
+        "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
+        f"--trainer.default_root_dir={root}",
+    ]  # fmt: skip
+
+
+def bare_trainer(root: Path, tasks: int, **settings: Any):
+    """A Trainer of ``tasks`` tasks (one epoch each, loaders rebuilt) without logger, checkpoints, progress bar or
+    model summary, on the CPU, its files under ``root``; ``settings`` add to or override these."""
+    from lightning.pytorch import Trainer
+
+    settings = {
+        "accelerator": "cpu", "max_epochs": tasks, "reload_dataloaders_every_n_epochs": 1, "num_sanity_val_steps": 0,
+        "logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False,
+        "default_root_dir": root, **settings,
+    }  # fmt: skip
+    return Trainer(**settings)
 
 
 BACKPROP = [

@@ -4,6 +4,7 @@ callbacks rely on, and the import rules between the subpackages."""
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -151,6 +152,25 @@ ALLOWED = {
 def test_every_module_has_import_rules() -> None:
     parts = {p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p / "__init__.py").exists()}
     assert parts == set(ALLOWED), "a module or subpackage without a line in ALLOWED (and docs/architecture.md)"
+
+
+def test_every_file_is_named_in_the_architecture() -> None:
+    """docs/architecture.md names every file of the package, so none appears unmapped to a part: by its path below
+    ``cl_lightning/`` (`` `nn/gnt.py` ``) or by its bare name where no other file has it (`` `gnt.py` ``); a
+    subpackage's ``__init__.py`` by its folder (`` `nn/native/` `` or `` `native/` ``)."""
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    units = {}  # file -> what names it: itself, or its folder for a subpackage's __init__.py
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        units[rel] = rel.parent if rel.name == "__init__.py" and rel.parent != Path() else rel
+    tails = Counter(unit.name for unit in units.values())
+    unnamed = []
+    for rel, unit in units.items():
+        slash = "/" if unit != rel else ""
+        names = [f"{unit.as_posix()}{slash}"] + ([f"{unit.name}{slash}"] if tails[unit.name] == 1 else [])
+        if not any(f"`{name}`" in doc for name in names):
+            unnamed.append(rel.as_posix())
+    assert not unnamed, f"files docs/architecture.md does not name (add each to its part): {unnamed}"
 
 
 @pytest.mark.parametrize("part", sorted(ALLOWED))

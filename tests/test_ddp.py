@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import LEARNERS, tiny_args
+from helpers import LEARNERS, bare_trainer, tiny_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.strategies import DDPStrategy
 
@@ -60,21 +60,7 @@ class _RanksAgree(Callback):
 def _ddp_trainer(tmp_path: Path, callbacks: list[Callback], tasks: int = 3) -> Trainer:
     # a collective that never completes fails after the timeout instead of hanging the test run
     strategy = DDPStrategy(start_method="spawn", timeout=timedelta(seconds=120))
-    return Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=strategy,
-        max_epochs=tasks,
-        reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0,
-        inference_mode=False,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=callbacks,
-    )
+    return bare_trainer(tmp_path, tasks, devices=2, strategy=strategy, inference_mode=False, callbacks=callbacks)
 
 
 # MAML with admission draws and one meta-update per admitted example: several backward passes per chunk

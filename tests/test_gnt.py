@@ -9,7 +9,7 @@ from torch import nn
 
 from cl_lightning.nn import AdamGnT, GenerateAndTest
 from cl_lightning.nn.flat_adam import scalar_operand
-from cl_lightning.nn.gnt_utility import adaptable_contribution, batch_mean, contribution
+from cl_lightning.nn.gnt import adaptable_contribution, batch_mean, contribution
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from helpers import bare_trainer
 from lightning.pytorch import Trainer
 
 from cl_lightning.callbacks import TaskProgressBar
@@ -33,18 +34,7 @@ class _BothWays(Backprop):
 
 
 def _trainer(tmp_path: Path, tasks: int) -> Trainer:
-    return Trainer(
-        accelerator="cpu",
-        max_epochs=tasks,
-        reload_dataloaders_every_n_epochs=1,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        limit_val_batches=0,
-    )
+    return bare_trainer(tmp_path, tasks, limit_val_batches=0)
 
 
 def test_task_mean_equals_lightnings_weighted_epoch_mean(tmp_path: Path) -> None:

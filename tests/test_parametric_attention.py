@@ -8,7 +8,7 @@ import torch
 from helpers import PARAMETRIC, assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import ParametricAttention
-from cl_lightning.learners.arguments import taken_arguments
+from cl_lightning.learners.base import taken_arguments
 from cl_lightning.nn import fast_weights as fw
 from cl_lightning.ops import chunk_delta_rule
 

@@ -4,13 +4,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import CONFIGS
+from helpers import CONFIGS, quiet_args
 
 from cl_lightning.data import SlowlyChangingRegression
 from cl_lightning.data.slowly_changing_regression import ltu_target, ltu_thresholds
 from cl_lightning.learners import QueryOnlyAttention
 from cl_lightning.memory import sample_support, sliding_sample
-from cl_lightning.run.compose import CALLBACK_SLOTS
 
 # A hand-worked target net: m = 3 inputs, 2 LTUs, beta = 0.7, so beta (m + 1) = 2.8.
 #   unit 0: w = [ 1, -1,  1], b =  1: S = (3 - 1 + 1) / 2 = 1.5, tau = 2.8 - 1.5 =  1.3
@@ -25,8 +24,6 @@ X = torch.tensor([[1.0, 0, 1], [0, 0, 0], [0, 1, 0], [1, 1, 1], [1, 1, 0], [1, 0
 #   [1,0,1]: ( 3, -1) -> (1, 0) -> 2      [0,0,0]: ( 1,  1) -> (0, 1) -> 0     [0,1,0]: (0,  0) -> (0, 1) -> 0
 #   [1,1,1]: ( 2, -2) -> (1, 0) -> 2      [1,1,0]: ( 1, -1) -> (0, 0) -> 1     [1,0,0]: (2,  0) -> (1, 1) -> 1
 Y = torch.tensor([[2.0], [0.0], [0.0], [2.0], [1.0], [1.0]])
-
-NO_NAMED_CALLBACKS = [f"--callbacks.{name}=null" for name in CALLBACK_SLOTS]  # the configs' monitors off
 
 
 def test_target_net_matches_hand_computed_outputs() -> None:
@@ -171,10 +168,7 @@ def test_scr_fit_logs_forward_mse_of_the_paper_episode(tmp_path: Path) -> None:
             "--config", str(CONFIGS / "qoa_scr.yaml"),
             "--data.stream.init_args.num_tasks=2", "--data.stream.init_args.train_size=120",
             "--data.stream.init_args.query_size=30", "--data.num_probe_tasks=0",
-            "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--trainer.callbacks=[]",
-            *NO_NAMED_CALLBACKS,
-            "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={tmp_path}",
+            *quiet_args(tmp_path),
         ],
         run=False,
     )  # fmt: skip

@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import CONFIGS
+from helpers import CONFIGS, quiet_args
 from torch import Tensor
 
 from cl_lightning.contract import StreamSteps
 from cl_lightning.data import SlowlyChangingRegression, StreamDataModule
 from cl_lightning.data.datamodule import ChunkDataset
-from cl_lightning.learners.engines import StepRun
-from cl_lightning.run.compose import CALLBACK_SLOTS
+from cl_lightning.learners import Backprop
+from cl_lightning.learners.engines import StepRun, check_steps
 
 STEPPED = ["bp_scr", "qoa_scr", "cbp_scr", "knn_scr", "full_attention_scr", "maml_replay_scr"]
 SLOW = pytest.mark.slow  # 20-60 s on a loaded 2-core machine
@@ -44,10 +44,7 @@ def _args(config: str, root: Path, steps: int, tasks: int = 3, extra: list[str] 
         "--config", str(CONFIGS / f"{config}.yaml"),
         f"--data.stream.init_args.num_tasks={tasks}", "--data.stream.init_args.train_size=300",
         "--data.stream.init_args.query_size=100", "--data.num_probe_tasks=2", f"--data.steps_per_batch={steps}",
-        "--trainer.enable_progress_bar=false", "--trainer.logger=false", "--trainer.callbacks=[]",
-        *[f"--callbacks.{name}=null" for name in CALLBACK_SLOTS],
-        "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
-        f"--trainer.default_root_dir={root}", *SMALLER.get(config, []), *(extra or []),
+        *quiet_args(root), *SMALLER.get(config, []), *(extra or []),
     ]  # fmt: skip
 
 
@@ -148,10 +145,11 @@ def test_steps_per_batch_is_checked() -> None:
     with pytest.raises(ValueError, match="steps_per_batch"):
         StreamDataModule(SlowlyChangingRegression(num_tasks=2, train_size=300, query_size=100), steps_per_batch=0)
     dm = StreamDataModule(SlowlyChangingRegression(num_tasks=2, train_size=300, chunk_size=7), steps_per_batch=4)
+    learner = Backprop(input_shape=(20,), num_outputs=1, task_type="regression", hidden_sizes=[4])
     with pytest.raises(ValueError, match="divide"):
-        dm._check_steps(1)
+        check_steps(learner, dm, 1)
     with pytest.raises(ValueError, match="one process"):
-        dm._check_steps(2)
+        check_steps(learner, dm, 2)
 
 
 def test_qoa_online_prediction_reused_from_training_is_the_memory_prediction(tmp_path: Path) -> None:

@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import CONFIGS
+from helpers import CONFIGS, quiet_args
 from PIL import Image
 
 from cl_lightning.data import SplitMNIST, SplitTinyImageNet
 from cl_lightning.data import split_images as split_module
 from cl_lightning.data.mnist import load_mnist
 from cl_lightning.data.split_images import find_tiny_imagenet
-from cl_lightning.run.compose import CALLBACK_SLOTS
 
 # Five classes listed out of sorted order in wnids.txt; a class's images are a flat colour plus noise, so an image's
 # class can be read back from its mean colour (the class holding a greyscale JPEG is grey itself).
@@ -25,8 +24,6 @@ WNIDS = ["n09999999", "n01443537", "n04067472", "n02124075", "n03444034"]
 PALETTE = [(128, 128, 128), (230, 30, 30), (30, 200, 40), (40, 60, 220), (220, 200, 30)]
 COLOURS = dict(zip(sorted(WNIDS), PALETTE, strict=True))
 N_TRAIN, N_VAL = 6, 2
-
-NO_NAMED_CALLBACKS = [f"--callbacks.{name}=null" for name in CALLBACK_SLOTS]  # the configs' monitors off
 
 
 def _jpeg(path: Path, colour: tuple[int, int, int], rng: np.random.Generator, grey: bool = False) -> None:
@@ -221,10 +218,7 @@ def test_split_tiny_imagenet_runs_end_to_end(tiny_root: Path, tmp_path: Path, co
             "--data.stream.init_args.num_classes=5", f"--data.stream.init_args.data_root={tiny_root}",
             "--data.stream.init_args.download=false", "--data.context_size=6", "--data.backward_lag=1",
             "--data.num_probe_tasks=2", *small,
-            "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-            "--trainer.callbacks=[]",
-            *NO_NAMED_CALLBACKS, "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.accelerator=cpu", *quiet_args(tmp_path),
         ],
         run=False,
     )  # fmt: skip
@@ -278,10 +272,7 @@ def test_backprop_learns_split_mnist_above_chance(tmp_path: Path) -> None:
             "--data.stream.init_args.num_tasks=2", "--data.stream.init_args.train_size=300",
             "--data.stream.init_args.query_size=100", "--data.num_probe_tasks=0", "--data.backward_lag=1",
             "--model.init_args.optimizer.init_args.lr=0.003",
-            "--trainer.accelerator=cpu", "--trainer.enable_progress_bar=false", "--trainer.logger=false",
-            "--trainer.callbacks=[]",
-            *NO_NAMED_CALLBACKS, "--trainer.enable_checkpointing=false", "--trainer.enable_model_summary=false",
-            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.accelerator=cpu", *quiet_args(tmp_path),
         ],
         run=False,
     )  # fmt: skip

@@ -30,35 +30,18 @@ from cl_lightning.metrics.figures import accuracy_matrix_figure, transfer_curves
 
 
 class ForgettingMonitor(Callback):
-    """Fills the probe-set accuracy matrix ``R`` and logs ACC, BWT, FWT, forgetting and intransigence, with figures.
+    """Fills the probe-set accuracy matrix ``R`` and logs ACC, BWT, FWT, forgetting and intransigence, with figures
+    (docs/metrics.md §2: the definitions, their sources and how other libraries differ).
 
-    ``R[i, j]`` is the score on probe task ``j`` after training probe task ``i`` (``K × K`` for the data module's
-    ``K`` probe tasks; rows and columns are both the probe tasks, the metric functions' ``row_tasks`` /
-    ``col_tasks``). After each probe task the values the learner logged are read from ``trainer.callback_metrics``
-    in ``on_validation_epoch_end``, and on the rows filled so far it logs:
+    ``R[i, j]`` is the score on probe task ``j`` after training probe task ``i`` (``K × K``; rows and columns are both
+    the probe tasks, the metric functions' ``row_tasks`` / ``col_tasks``), read from ``trainer.callback_metrics`` in
+    ``on_validation_epoch_end`` after each probe task; the metrics are logged on the rows filled so far
+    (``forgetting/{avg,bwt,fwt,forgetting,intransigence}``; ``lower_is_better`` on MSE). ``b`` of FWT is the
+    learner's score at initialisation, measured once at fit start. It also keeps the per-task forward and backward
+    scores for the curves. Tasks are evaluated tasks: warm-up tasks have no row, column or curve point.
 
-    - ``forgetting/avg``: average score of the last row over tasks already trained (GEM's ACC);
-    - ``forgetting/bwt``: backward transfer (GEM);
-    - ``forgetting/fwt``: forward transfer (GEM), R[row before j, j] − b_j, where b_j is the learner's score on probe
-      task j **at initialisation**, measured once at fit start (GEM's and Avalanche's b; Mammoth instead takes the
-      score right before training task j, which is the R entry itself here). Probe task 0 has no row before it, so
-      it never counts;
-    - ``forgetting/forgetting``: Chaudhry et al. (2018) average forgetting (max over earlier rows minus last);
-    - ``forgetting/intransigence``: Chaudhry et al.'s a*_j − R[row(j), j], averaged over the probe tasks; a* is
-      ``reference`` (the score of a jointly trained model, when one was run) or, by default, the ideal score
-      (1 for accuracy, 0 for MSE), which makes it the shortfall from perfect just after learning each task.
-
-    With MSE (regression) every difference is signed so that positive BWT/FWT mean improvement and positive
-    forgetting/intransigence mean harm (``lower_is_better``). Figures (TensorBoard, on each new row, so at most
-    ``K`` times): ``forgetting/acc_matrix`` (``mse_matrix`` for regression; heatmap of R with the init row) and
-    ``forgetting/curves`` (forward and backward score after every task, and each probe task's column of R over
-    training). It also keeps the per-task forward and backward scores (``eval/forward_{m}``,
-    ``eval/backward_{m}``) for the curves. Tasks are evaluated tasks (the data module's numbering): warm-up tasks
-    have no row, column or curve point, and curve point ``e`` is stream task ``warmup_tasks + e``.
-
-    Cost knobs: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this
-    callback runs), ``plot`` and ``plot_budget`` (drawing two figures takes ~0.5 s of matplotlib: on a short run
-    that is more than everything else here); everything else reads numbers already logged.
+    Cost: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this callback
+    runs), ``plot`` and ``plot_budget`` (two figures take ~0.5 s of matplotlib, more than everything else here).
 
     Args:
         measure_baseline: Score the freshly initialised learner on every probe task at fit start (b of FWT). When a

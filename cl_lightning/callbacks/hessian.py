@@ -67,46 +67,17 @@ def output_layer_block(learner: ObservedLearner) -> list[str]:
 
 
 class HessianMonitor(Callback):
-    """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task.
+    """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task
+    (docs/metrics.md §4: the logged values, the two methods, the cost and memory knobs, the paper's choices).
 
-    After task ``t``'s training portion (``t % every_n_tasks == 0``; the authors' code measures in the test phase at
-    the end of each task, the paper says "start", i.e. before the next one), in eval mode, on the first
-    ``num_queries`` held-out queries of task ``t`` with the episode's context. Logged:
-
-    - ``hessian/eff_rank``: entropy effective rank exp(−Σ p ln p), p ∝ max(λ + jitter, clamp) (the QOA code:
-      H + 1e-6·I, eigenvalues clamped at 1e-12, negative curvature discarded); ``clamp=None`` uses |λ + jitter|.
-      with ``"lanczos"`` the SLQ estimate of the same quantity for the whole network;
-    - ``hessian/srank``: Kumar's srank_δ on |λ| (exact only);
-    - ``hessian/top_eigval``: the eigenvalue of largest magnitude; ``hessian/trace``: tr H (SLQ estimate with
-      ``"lanczos"``); ``hessian/num_params``: P.
-
-    With ``"lanczos"`` the names are ``hessian/lanczos/{eff_rank,top_eigval,trace,num_params}``, so one monitor of
-    each method can run side by side (the exact last layer and the whole network).
-
-    The paper min–max scales each run's rank series over tasks for its plots; the logged values are raw.
-
-    A learner without a differentiable block (kNN) or whose ``predict_episode`` ``torch.func`` cannot transform gets
-    one warning and no ``hessian/*`` scalars, rather than a failed run.
-
-    Cost knobs: ``every_n_tasks`` and ``num_queries``. Exact: one vmapped HVP per ``chunk_size`` columns of a
-    P-parameter block, about one forward pass of the episode when the block is the last layer (only that layer is
-    differentiated), plus an O(P³) ``eigvalsh``. Lanczos: ``num_probes × num_steps`` whole-network HVPs (each about
-    three forward passes) for SLQ plus a few times ``top_k`` for ``eigsh``.
-
-    Size guard: ``max_exact_params``. An exact block of P parameters costs P HVPs and a P × P matrix; above the
-    bound the monitor warns once and measures nothing (a parametric learner's key projection, ~33,000 parameters on
-    Permuted MNIST, would take hours per measurement on a CPU, each HVP re-writing the whole context). The whole
-    network's SLQ estimate (``method="lanczos"``) has no such bound.
-
-    Memory knob: ``query_chunk``. The loss is a mean over queries and each query is answered from the context alone
-    (true of every learner here), so the Hessian is the size-weighted sum of the Hessians of query chunks: the HVPs
-    run chunk by chunk (:func:`~cl_lightning.metrics.summed_hvp`), same flops, intermediates bounded by one chunk
-    (QOA V1 at paper size, 100 queries × 1,000 supports: HVP intermediates +250 MB at once, +40 MB in chunks of 10,
-    and 0.35 s instead of 0.5 s; the QOA config sets 10). It pays where an episode's cost grows with its context
-    (support-set learners); a plain network's last-layer Hessian (Backprop, P = 2,010) is dominated by the Hessian
-    and its tangents, and 100 chunks of 10 queries take 6× the time of one. The first measurement checks the premise
-    on the loss value (chunked mean against the whole episode's); a learner whose queries interact gets one warning
-    and whole episodes.
+    After task ``t``'s training portion (``t % every_n_tasks == 0``; the authors' code measures at the end of each
+    task), in eval mode, on the first ``num_queries`` held-out queries of task ``t`` with the episode's context;
+    logged raw under ``hessian/*`` (``hessian/lanczos/*`` with ``"lanczos"``, so one monitor of each method can run
+    side by side). A learner without a differentiable block (kNN), one whose ``predict_episode`` ``torch.func``
+    cannot transform, and an exact block above ``max_exact_params`` get one warning and no scalars, not a failed
+    run. With ``query_chunk`` the HVPs run over query chunks (:func:`~cl_lightning.metrics.summed_hvp`: the loss is a
+    mean over queries each answered from the context alone); the first measurement checks that premise on the loss
+    value and falls back to whole episodes, with a warning, for a learner whose queries interact.
 
     Args:
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).

@@ -89,28 +89,15 @@ class StridedRows:
 
 
 class PlasticityMonitor(Callback):
-    """Dead / dormant units, weight magnitude and feature ranks of each probed hidden layer, every n tasks.
+    """Dead / dormant units, weight magnitude and feature ranks of each probed hidden layer, every n tasks
+    (docs/metrics.md §3: the logged ``plasticity/*`` values and their definitions).
 
     At the start of task ``t`` (``t % every_n_tasks == 0``), before any training on it, the learner answers the
-    first ``probe_size`` held-out queries of task ``t`` with ``predict_episode`` (its context = the task's episode
-    context), in eval mode without gradients (the previous modes are restored). Forward hooks on
-    ``pl_module.probe_layers()`` record each layer's output for that one pass only; the hooks are removed
-    afterwards and nothing is stored on the module. Features are ``activation(output)``: the package's nets apply
-    ReLU after their hidden ``nn.Linear`` layers functionally, so the Linear outputs are pre-activations.
-
-    Logged (``<layer>`` = the module's name; rows = inputs, or query–support pairs for a pair scorer):
-
-    - ``plasticity/dead_frac/<layer>``: units exactly zero on every probe row (LoP Permuted MNIST);
-      ``plasticity/dead_frac``: the same over all probed units;
-    - ``plasticity/dormant_frac/<layer>``, ``plasticity/dormant_frac``: τ-dormant units (Sokar et al. 2023);
-    - ``plasticity/eff_rank/<layer>``: Roy–Vetterli entropy effective rank of the (rows × units) feature matrix;
-    - ``plasticity/srank/<layer>``: Kumar et al.'s srank_δ on unsquared singular values (LoP's
-      ``abs_approximate_rank``);
-    - ``plasticity/weight_magnitude``: mean |w| over every parameter with ≥ 2 dims (weight matrices and kernels,
-      biases excluded: LoP's Permuted-MNIST form).
-
-    Cost knob: ``every_n_tasks`` (one forward pass of ``probe_size`` queries plus one SVD of at most
-    ``max_rows × units`` per layer per measurement; about one evaluation episode's cost).
+    first ``probe_size`` held-out queries of task ``t`` with ``predict_episode``, in eval mode without gradients (the
+    previous modes are restored). Forward hooks on ``pl_module.probe_layers()`` record each layer's output for that
+    one pass only; nothing is stored on the module. Features are ``activation(output)``: the package's nets apply
+    ReLU after their hidden ``nn.Linear`` layers functionally, so the Linear outputs are pre-activations. Cost: one
+    forward pass of ``probe_size`` queries and one SVD of at most ``max_rows × units`` per layer per measurement.
 
     Args:
         every_n_tasks: Measure at the start of every n-th evaluated task (task 0 included; warm-up tasks never).

@@ -110,8 +110,9 @@ class StreamDataModule(LightningDataModule):
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
-            predict-then-learn steps per Lightning round trip. 1 (default): one chunk per batch. More needs one
-            process and chunks that divide every task's training portion.
+            predict-then-learn steps per Lightning round trip. 1 (default): one chunk per batch. More needs a
+            learner with a step engine, one process and chunks that divide every task's training portion
+            (``learners.engines.check_steps``, when the fit starts).
     """
 
     def __init__(
@@ -193,7 +194,6 @@ class StreamDataModule(LightningDataModule):
                 f"chunk_size {self.stream.chunk_size} cannot be split across {trainer.world_size} ranks: "
                 "use chunks of at least one example per rank, or fewer devices"
             )
-        self._check_steps(trainer.world_size)
         self.check_epochs(trainer)
 
     def check_epochs(self, trainer: Trainer) -> None:
@@ -207,20 +207,6 @@ class StreamDataModule(LightningDataModule):
             raise ValueError(
                 f"trainer.max_epochs ({trainer.max_epochs}) must equal data.stream.init_args.num_tasks "
                 f"({self.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
-            )
-
-    def _check_steps(self, world_size: int) -> None:
-        if self.steps_per_batch == 1:
-            return
-        if world_size > 1:
-            raise ValueError(
-                f"steps_per_batch {self.steps_per_batch} needs one process (got {world_size}): set it to 1"
-            )
-        sizes = {self.stream.task_train_size(t) for t in {0, self.warmup_tasks}}
-        if any(n % self.stream.chunk_size for n in sizes):
-            raise ValueError(
-                f"steps_per_batch > 1 needs chunk_size {self.stream.chunk_size} to divide every task's training "
-                f"portion ({sorted(sizes)} examples)"
             )
 
     def _task(self) -> int:

@@ -7,6 +7,7 @@ built) and what callbacks may call on it is :class:`cl_lightning.contract.Observ
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -17,8 +18,7 @@ from torch import Tensor, nn
 
 from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
-from cl_lightning.learners.arguments import running_arguments, taken_arguments
-from cl_lightning.learners.engines import StepRun, step_engine
+from cl_lightning.learners.engines import StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
@@ -29,6 +29,29 @@ __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 def adam_1e4(params: Any) -> torch.optim.Optimizer:
     """Adam with lr 1e-4 and PyTorch's default betas: the optimiser of every learner in the QOA paper."""
     return torch.optim.Adam(params, lr=1e-4)
+
+
+def _parameters(cls: type) -> dict[str, inspect.Parameter]:
+    return dict(inspect.signature(cls.__init__).parameters)
+
+
+def taken_arguments(cls: type, base: type) -> set[str]:
+    """The keyword-only arguments of ``cls.__init__`` and, through ``**kwargs``, of its parents' ``__init__`` down to
+    ``base``'s (the walk stops at the first ``__init__`` without ``**kwargs``): a class's config keys, as jsonargparse
+    follows ``**kwargs``."""
+    names: set[str] = set()
+    for owner in cls.__mro__:
+        if "__init__" in vars(owner):
+            params = _parameters(owner)
+            names |= {name for name, p in params.items() if p.kind is p.KEYWORD_ONLY}
+            if owner is base or all(p.kind is not p.VAR_KEYWORD for p in params.values()):
+                break
+    return names
+
+
+def running_arguments(cls: type) -> set[str]:
+    """Every argument of every ``__init__`` along ``cls``'s MRO: what ``save_hyperparameters`` finds on the frames."""
+    return {name for owner in cls.__mro__ if "__init__" in vars(owner) for name in _parameters(owner)}
 
 
 class ContinualLearner(LightningModule, ABC):
@@ -81,7 +104,7 @@ class ContinualLearner(LightningModule, ABC):
     def arguments(cls) -> set[str]:
         """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
         ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself
-        (:func:`~cl_lightning.learners.arguments.taken_arguments`)."""
+        (:func:`taken_arguments`)."""
         return taken_arguments(cls, ContinualLearner) - set(cls.fixed_arguments)
 
     @property
@@ -196,10 +219,9 @@ class ContinualLearner(LightningModule, ABC):
 
     def on_fit_start(self) -> None:
         """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``);
-        refuse ``StreamSteps`` batches (``data.steps_per_batch`` > 1) without a step engine to learn them."""
+        refuse ``StreamSteps`` batches the run cannot learn (:func:`~cl_lightning.learners.engines.check_steps`)."""
         drop_unloadable_nvml_check()
-        if self.engine is None and getattr(self.trainer.datamodule, "steps_per_batch", 1) > 1:
-            raise TypeError(f"{type(self).__name__} learns one chunk per training batch: set data.steps_per_batch: 1")
+        check_steps(self, self.trainer.datamodule, self.trainer.world_size)
 
     def on_train_start(self) -> None:
         """Refuse a run the step engine cannot serve (:meth:`~cl_lightning.learners.engines.AutogradEngine.check_run`)

@@ -4,10 +4,9 @@ learning"; the CBP baseline of Bekal et al. 2025, which reuses the authors' ``lo
 Per chunk, as ``ContinualBackprop.learn`` of the reference (docs/baselines.md §2): forward pass keeping
 the post-ReLU features of every hidden layer, one optimiser step on the chunk's loss, then one generate-and-test
 step (:class:`~cl_lightning.nn.gnt.GenerateAndTest`) on those features, which replaces the lowest-utility mature
-units and resets their AdamGnT state. QOA paper, Permuted MNIST: the BP net 49 → 200×4 → 10, AdamGnT lr 1e-4,
-``adaptable_contribution``, replacement rate 1e-4, maturity threshold 100, decay 0.99, accumulated replacement
-counts (docs/baselines.md §2). Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are
-trained but never replaced (the reference's ConvGnT is a different algorithm).
+units and resets their AdamGnT state (the paper's settings per stream: docs/baselines.md §2). Generate-and-test acts
+on the MLP head; with the CNN encoder the convolutional layers are trained but never replaced (the reference's
+ConvGnT is a different algorithm).
 
 Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path: cl_lightning.nn.AdamGnT`` with
 ``lr``/``betas``/``eps``/``update_rule``), default AdamGnT with lr 1e-4. Generate-and-test resets the state of an
@@ -63,13 +62,10 @@ class ContinualBackprop(Backprop):
         optimizer: Optimiser factory: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (default, lr 1e-4) or
             ``torch.optim.SGD``.
         **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
-            [200, 200, 200, 200], Kaiming-uniform init; generate-and-test acts on the MLP head only), ``seed``,
-            the seed of the redrawn weights (draws depend on ``(seed, step)`` only), and ``step_kernel``:
-            ``"fused"`` (AdamGnT on a flat tensor, generate-and-test after each update: autograd's numbers bit for
-            bit) or ``"native"`` (those steps and generate-and-test's test in C,
-            :func:`~cl_lightning.nn.native.cbp_mse_steps`: equal to autograd to float32 rounding per step, the
-            replacements and their draws in Python as there; it needs ``accumulate=True`` and AdamGnT on float32
-            parameters, else it is refused before the first batch).
+            [200, 200, 200, 200], Kaiming-uniform init), ``seed``, the seed of the redrawn weights (draws depend on
+            ``(seed, step)`` only), and ``step_kernel`` (``"fused"`` and ``"native"``: the module docstring;
+            ``"native"`` needs ``accumulate=True`` and AdamGnT on float32 parameters, else it is refused before the
+            first batch).
     """
 
     native_optimizer = FlatAdamGnT

@@ -39,9 +39,18 @@ from cl_lightning.learners.task_mean import Terms
 from cl_lightning.nn import native
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
-from cl_lightning.nn.hooks import has_forward_hooks
+from cl_lightning.nn.fused_steps import has_forward_hooks
 
-__all__ = ["AutogradEngine", "FusedEngine", "NativeEngine", "StepKernel", "StepRun", "SteppedLearner", "step_engine"]
+__all__ = [
+    "AutogradEngine",
+    "FusedEngine",
+    "NativeEngine",
+    "StepKernel",
+    "StepRun",
+    "SteppedLearner",
+    "check_steps",
+    "step_engine",
+]
 
 StepKernel = Literal["autograd", "fused", "native", "torch"]
 """The engines by name; ``"torch"``, the name before engines, is ``"autograd"`` (the same numbers bit for bit)."""
@@ -255,3 +264,23 @@ def step_engine(step_kernel: StepKernel, learner: SteppedLearner) -> AutogradEng
     engine = engines[step_kernel]()
     engine.check_learner(learner)
     return engine if learner.learns_steps() else None
+
+
+def check_steps(learner: SteppedLearner, data: Any, world_size: int) -> None:
+    """Refuse, when the fit starts, ``StreamSteps`` batches (``data.steps_per_batch`` > 1) the run cannot learn: a
+    learner without a step engine (it learns one chunk per training batch: ``TypeError``), several processes, or
+    chunks that do not divide every task's training portion (``ValueError``). The one place they are checked."""
+    steps = getattr(data, "steps_per_batch", 1)
+    if steps == 1:
+        return
+    if not learner.learns_steps():
+        raise TypeError(f"{type(learner).__name__} learns one chunk per training batch: set data.steps_per_batch: 1")
+    if world_size > 1:
+        raise ValueError(f"steps_per_batch {steps} needs one process (got {world_size}): set it to 1")
+    stream = data.stream
+    sizes = {stream.task_train_size(t) for t in {0, stream.warmup_tasks}}
+    if any(n % stream.chunk_size for n in sizes):
+        raise ValueError(
+            f"steps_per_batch > 1 needs chunk_size {stream.chunk_size} to divide every task's training "
+            f"portion ({sorted(sizes)} examples)"
+        )

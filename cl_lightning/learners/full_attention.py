@@ -7,10 +7,9 @@ runs over them and the prediction is the query token's label slot of the last la
 
     ŷ(x_t) = Transformer([x_1, e_{y_1}], …, [x_S, e_{y_S}], [x_t, 0])[query, label slot]
 
-then one Adam step per chunk on CE (or MSE). Defaults follow the authors' Permuted-MNIST code: a FIFO buffer of 100
-fed only by the last 100 examples of each 400-example chunk, the newest stored example is the query and the 99
-before it the supports, 10 layers of width 49 + 10 = 59, Adam lr 5e-4. Evaluation uses the first
-``support_size`` examples of the episode's context (the paper: the first 100 of the task, 99 used).
+then one Adam step per chunk on CE (or MSE). Defaults follow the authors' Permuted-MNIST code (each stream's
+settings: docs/baselines.md §5). Evaluation uses the first ``support_size`` examples of the episode's context (the
+paper: the first 100 of the task, 99 used).
 """
 
 from __future__ import annotations

@@ -7,13 +7,11 @@ support slice ``S_i`` and the query slice ``Q_i`` right after it. Per meta-updat
     θ'_i = θ − α Σ_{n<5} ∇L(S_i)   (5 SGD steps, second order: the graph runs through them)
     θ ← Adam(θ, ∇θ (1/T) Σ_i L_{θ'_i}(Q_i))
 
-Defaults follow the authors' Permuted-MNIST code, from which the figures came: MLP 49 → 100×4 → 10, buffer 60,000
-(paper text: 50,000), T = 5 pseudo-tasks of 10 supports + 10 queries, α = 0.01, Adam 1e-4, each stream example
-admitted with probability 0.1 and, once the buffer is full, every admitted example triggering one meta-update.
-At evaluation the network adapts (5 steps) on the first ``support_size`` examples of the episode's context, as
-every replay learner takes its support set (the paper adapts on the last 10 training examples of the task; our
-episodes hold the task's first ``context_size``, so neither end of them is the paper's set), and predicts the
-queries. Adaptation is functional (``torch.func``), so evaluation never changes θ.
+Defaults follow the authors' Permuted-MNIST code, from which the figures came (each stream's settings and where the
+paper's text differs: docs/baselines.md §6). At evaluation the network adapts (5 steps) on the first
+``support_size`` examples of the episode's context, as every replay learner takes its support set (not the paper's
+set, the task's last 10 training examples), and predicts the queries; adaptation is functional (``torch.func``), so
+evaluation never changes θ.
 """
 
 from __future__ import annotations

@@ -10,33 +10,12 @@ by online regression. A slow encoder h_θ (trained online by Adam) gives, per ex
 and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``cl_lightning.ops``, e.g. the delta rule
 S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ (the mechanism, every rule's state,
 write and read: ``cl_lightning.nn.fast_weights``). Readout: logits = τ · Sᵀq (τ learnable; regression reads Sᵀq),
-averaged over heads.
-
-The paper's open questions are switches (docs/parametric-attention.md §1): the online objective — gates
-(``DecayLinearAttention``, ``GatedDeltaRule``, ``Titans``' retention), several heads; the long-range signal — the
-Omega rule's window of the last c tokens (``OmegaRule``), Titans-style momentum (``Titans``), TTT mini-batches
-(``TTTLinear``, ``TTTMLP``); how keys and values are made — a non-linear key feature map (``feature_map``), several
-key–value pairs per example (``kv_pairs``), and a deep (two-layer MLP) memory (``TTTMLP``). ``encoder_training``
-freezes the key path (encoder, body, key projection) at its random init or after the first task, to separate
-slow-weight drift (keys written under an old θ, read under a new one) from the fast state's capacity.
-
-Protocols (docs/parametric-attention.md §4):
-
-- ``"lifelong"`` (default): one persistent S, never reset, no replay buffer, no task ids. Each arrival chunk is
-  processed predict-then-write (prequential): example i is predicted from S and the chunk's examples before i, never
-  from its own label; those predictions give the loss and the online metric. The chunk starts from the detached
-  state (gradients truncated at chunk starts) and the state after the chunk is written back.
-- ``"support_set"``: every chunk is an episode written predict-then-write into a *fresh* S (no carry-over); ``S``
-  keeps the last chunk's state.
-
-Evaluation (θ and S frozen, no writes to S), both readings of docs/protocol.md §3:
-
-- ``predict_episode`` = **recontext**: write the episode's context into a fresh S, then read the queries (QOA's
-  definition of forward/backward, logged as ``eval/forward_acc``, ``eval/backward_acc``, ``eval/acc_matrix/*``);
-- **live**: read the queries from the live S, the context unused (logged as ``eval/forward_live_acc``,
-  ``eval/backward_live_acc``, ``eval/live_acc_matrix/*``). Without a context (``forward``), the live reading.
-
-Under DDP each rank keeps its own S, written with its share of each chunk.
+averaged over heads. The levers for the paper's open questions (``feature_map``, ``kv_pairs``, the rules' own
+arguments, ``encoder_training``) are the docs' §3; the protocols (``"lifelong"``: one persistent S written
+predict-then-write chunk by chunk, gradients truncated at chunk starts; ``"support_set"``: a fresh S per chunk) and
+the two evaluation readings (``predict_episode`` = recontext into a fresh S; **live**: the queries read from the
+live S, logged as ``eval/*_live_*``) its §4. Under DDP each rank keeps its own S, written with its share of each
+chunk.
 """
 
 from __future__ import annotations

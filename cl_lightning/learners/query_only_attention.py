@@ -51,11 +51,8 @@ class QueryOnlyAttention(ReplayLearner):
         encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN: the scorer then sees CNN features of both).
         online_queries: Incoming examples per chunk predicted before learning, for the online metric (ours, not the
             authors'), each from the newest ``support_size`` stored examples (the predictor that training and
-            evaluation use; fewer supports would be cheaper but measure a weaker one). One suffices: on Permuted
-            MNIST a task's online accuracy has a standard error of at most 0.042 (145 chunks; measured 0.035–0.039,
-            two queries 0.020–0.028: the queries of a chunk are about independent), against ~0.003 on the paper's
-            100-task windows; each query costs a no-gradient pass over ``support_size`` pairs, about a fifth of a
-            training step at V1 sizes (``benchmarks/online_metric.py``).
+            evaluation use). One suffices (docs/protocol.md §2 gives its standard error); each costs a no-gradient
+            pass over ``support_size`` pairs, about a fifth of a V1 training step (``benchmarks/online_metric.py``).
         eval_across_ranks: Under DDP, split each evaluation episode's queries across the ranks and gather the
             answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
             ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
@@ -65,14 +62,9 @@ class QueryOnlyAttention(ReplayLearner):
             compiled steps save (measured: :mod:`cl_lightning.nn.compiled`).
         compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
             GPU was lent when this was written).
-        step_kernel: The step engine (:mod:`cl_lightning.learners.engines`), chosen once: ``"autograd"`` (default;
-            ``"torch"``, its former name, is the same), ``"fused"`` (label-free regression with one point a chunk
-            and the sliding sampler: hand-written scorer gradients and one Adam on a flat tensor once each step's
-            query is the incoming point, autograd's numbers bit for bit) or ``"native"`` (those steps as one C loop
-            per batch: equal to autograd to float32 rounding in each step's predictions and gradients, not in every
-            weight over a run, since some scorer weights have an exact gradient of 0 and take ±lr Adam steps from
-            either path's rounding noise; needs a C compiler). A run they cannot serve is refused before the first
-            batch (:class:`~cl_lightning.learners.Backprop`'s argument).
+        step_kernel: The step engine, as :class:`~cl_lightning.learners.Backprop`'s: ``"autograd"`` (default),
+            ``"fused"`` or ``"native"``; the fused steps here are label-free regression with one point a chunk and
+            the sliding sampler, taken once each step's query is the incoming point (hand-written scorer gradients).
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
             linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """

@@ -1,14 +1,7 @@
 """Pure metric functions: accuracy-matrix CL metrics, representation ranks, dead units and Hessian spectra."""
 
 from cl_lightning.metrics.dead_units import dead_unit_fraction, dormant_unit_fraction, weight_magnitude
-from cl_lightning.metrics.effective_rank import (
-    FeatureRanks,
-    approximate_rank,
-    effective_rank,
-    entropy_effective_rank,
-    feature_rank,
-    srank,
-)
+from cl_lightning.metrics.effective_rank import effective_rank, entropy_effective_rank, srank
 from cl_lightning.metrics.forgetting import (
     average_accuracy,
     backward_transfer,
@@ -32,8 +25,6 @@ from cl_lightning.metrics.hessian import (
 from cl_lightning.metrics.slq import slq_effective_rank, slq_spectral_density
 
 __all__ = [
-    "FeatureRanks",
-    "approximate_rank",
     "average_accuracy",
     "backward_transfer",
     "dead_unit_fraction",
@@ -42,7 +33,6 @@ __all__ = [
     "entropy_effective_rank",
     "exact_eigvals",
     "exact_hessian",
-    "feature_rank",
     "flat_loss",
     "forgetting",
     "forward_transfer",

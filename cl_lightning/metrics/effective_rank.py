@@ -4,8 +4,6 @@ All spectra are handled in float64. Singular values come from ``torch.linalg.svd
 uses SciPy's ``gesvd`` driver on CPU for large matrices, which gives the same values up to round-off.
 """
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
@@ -87,57 +85,3 @@ def srank(values: Tensor, delta: float = 0.01) -> Tensor:
     3
     """
     return _cumulative_rank(_check_spectrum(values), delta)
-
-
-def approximate_rank(values: Tensor, delta: float = 0.01) -> Tensor:
-    """Approximate rank (Yang et al. 2019, arXiv 1909.12255): srank on squared singular values.
-
-    min{k : Σ_{i≤k} σ_(i)² ≥ (1 − δ) Σ_i σ_i²}, the fraction of variance kept; LoP's ``approximate_rank``.
-
-    Args:
-        values: (Q,) non-negative singular values.
-        delta: fraction of the variance that may be left out.
-
-    Returns:
-        Scalar int64 tensor.
-
-    >>> approximate_rank(torch.tensor([10.0, 1.0, 0.5])).item()
-    2
-    """
-    return _cumulative_rank(_check_spectrum(values).square(), delta)
-
-
-class FeatureRanks(NamedTuple):
-    """The four rank summaries of LoP's ``compute_matrix_rank_summaries``."""
-
-    rank: Tensor
-    effective_rank: Tensor
-    approximate_rank: Tensor
-    abs_approximate_rank: Tensor
-
-
-def feature_rank(acts: Tensor, delta: float = 0.01) -> FeatureRanks:
-    """Rank summaries of an activation matrix, as the loss-of-plasticity code computes them (Dohare et al. 2024).
-
-    With σ the singular values of ``acts``: ``rank`` = #{σ ≠ 0} (exact zeros, no tolerance, so round-off makes it
-    over-count), ``effective_rank`` = Roy–Vetterli erank, ``approximate_rank`` = squared-σ 99% rank (Yang et al.),
-    ``abs_approximate_rank`` = srank_δ on unsquared σ (Kumar et al.).
-
-    Args:
-        acts: (N, D) activations of N probe inputs on D units.
-        delta: 1 − ``prop`` of the LoP code (0.01 there).
-
-    Returns:
-        ``FeatureRanks(rank, effective_rank, approximate_rank, abs_approximate_rank)``.
-
-    >>> [round(float(r), 6) for r in feature_rank(torch.diag(torch.tensor([3.0, 1.0, 0.0])))]
-    [2.0, 1.754765, 2.0, 2.0]
-    """
-    assert acts.ndim == 2, f"expected (N, D), got {tuple(acts.shape)}"
-    sv = torch.linalg.svdvals(acts.to(torch.float64))
-    return FeatureRanks(
-        rank=torch.count_nonzero(sv),
-        effective_rank=entropy_effective_rank(sv),
-        approximate_rank=approximate_rank(sv, delta),
-        abs_approximate_rank=srank(sv, delta),
-    )

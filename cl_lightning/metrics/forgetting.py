@@ -39,6 +39,14 @@ def _prepare(
     return acc, rows, cols
 
 
+def _per_column(values: npt.ArrayLike, cols: np.ndarray, name: str) -> np.ndarray:
+    """``values`` (one per column task) as float64, checked against the columns."""
+    out = np.asarray(values, dtype=np.float64)
+    if out.shape != cols.shape:
+        raise ValueError(f"{name} must have shape ({cols.size},), got {out.shape}")
+    return out
+
+
 def _nanmean(x: np.ndarray) -> float:
     """Mean over the non-NaN entries; NaN (without a warning) when there are none."""
     x = x[~np.isnan(x)]
@@ -64,9 +72,7 @@ def average_accuracy(
     every row A_k. With an error matrix this is the mean error.
 
     Args:
-        matrix: (T_rows, T_cols) accuracy matrix R (errors with ``lower_is_better``).
-        row_tasks: task after which each row was measured (default ``range(T_rows)``).
-        col_tasks: task of each column (default ``range(T_cols)``).
+        matrix, row_tasks, col_tasks: The accuracy matrix R and its layout (module docstring).
 
     Returns:
         The average accuracy.
@@ -92,10 +98,7 @@ def backward_transfer(
     pairs instead. With ``lower_is_better`` the difference is negated.
 
     Args:
-        matrix: (T_rows, T_cols) accuracy matrix R (errors with ``lower_is_better``).
-        row_tasks: task after which each row was measured (default ``range(T_rows)``).
-        col_tasks: task of each column (default ``range(T_cols)``).
-        lower_is_better: ``R`` holds errors (e.g. MSE); flips the sign.
+        matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
 
     Returns:
         The backward transfer (NaN when no earlier task has both cells).
@@ -124,11 +127,8 @@ def forward_transfer(
     accuracy right before training task j; Continuum drops b (pass zeros).
 
     Args:
-        matrix: (T_rows, T_cols) accuracy matrix R (errors with ``lower_is_better``).
-        b: (T_cols,) accuracy of the random-init model on each column's task.
-        row_tasks: task after which each row was measured (default ``range(T_rows)``).
-        col_tasks: task of each column (default ``range(T_cols)``).
-        lower_is_better: ``R`` and ``b`` hold errors; flips the sign.
+        matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
+        b: (T_cols,) accuracy of the random-init model on each column's task (errors with ``lower_is_better``).
 
     Returns:
         The forward transfer (NaN when no task has a row before it).
@@ -137,9 +137,7 @@ def forward_transfer(
     0.2
     """
     acc, rows, cols = _prepare(matrix, row_tasks, col_tasks)
-    base = np.asarray(b, dtype=np.float64)
-    if base.shape != cols.shape:
-        raise ValueError(f"b must have shape ({cols.size},), got {base.shape}")
+    base = _per_column(b, cols, "b")
     before = np.searchsorted(rows, cols) - 1  # last row whose task < cols[j]
     keep = (before >= 0) & (cols <= rows[-1])
     diff = acc[before[keep], np.flatnonzero(keep)] - base[keep]
@@ -161,10 +159,7 @@ def forgetting(
     f_j = R[final, j] − min_l R[l, j].
 
     Args:
-        matrix: (T_rows, T_cols) accuracy matrix R (errors with ``lower_is_better``).
-        row_tasks: task after which each row was measured (default ``range(T_rows)``).
-        col_tasks: task of each column (default ``range(T_cols)``).
-        lower_is_better: ``R`` holds errors (e.g. MSE); flips the sign.
+        matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
 
     Returns:
         The average forgetting (NaN when no task qualifies).
@@ -198,11 +193,8 @@ def intransigence(
     ``lower_is_better``: I_k = R[row(k), k] − a*_k.
 
     Args:
-        matrix: (T_rows, T_cols) accuracy matrix R (errors with ``lower_is_better``).
-        reference: (T_cols,) reference accuracy a* on each column's task.
-        row_tasks: task after which each row was measured (default ``range(T_rows)``).
-        col_tasks: task of each column (default ``range(T_cols)``).
-        lower_is_better: ``R`` and ``reference`` hold errors; flips the sign.
+        matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
+        reference: (T_cols,) reference accuracy a* on each column's task (errors with ``lower_is_better``).
         task: return I_k for this task id only.
 
     Returns:
@@ -212,9 +204,7 @@ def intransigence(
     0.1
     """
     acc, rows, cols = _prepare(matrix, row_tasks, col_tasks)
-    ref = np.asarray(reference, dtype=np.float64)
-    if ref.shape != cols.shape:
-        raise ValueError(f"reference must have shape ({cols.size},), got {ref.shape}")
+    ref = _per_column(reference, cols, "reference")
     diff = ref - _after(acc, rows, cols)
     diff = -diff if lower_is_better else diff
     if task is None:

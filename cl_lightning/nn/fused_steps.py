@@ -19,12 +19,14 @@ an unaligned view rounds differently); the fused kernel gets per-parameter views
 tail then fall as on separate tensors). Exactness matters more than it seems: some of QOA's weights have an exact
 gradient of 0 and a computed one of rounding noise, which Adam turns into steps of about ``lr``.
 
-Call under ``torch.no_grad()`` semantics (the step functions are decorated); single process, full precision.
+Call under ``torch.no_grad()`` semantics (the step functions are decorated); single process, full precision. A
+fast path that computes a module's output without calling it would skip the module's forward hooks (a monitor's probe
+would see nothing), so it runs only where :func:`has_forward_hooks` finds none (here, and the scorer's blocked pass).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +34,11 @@ from torch import Tensor, nn
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 
 __all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_mse_steps"]
+
+
+def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
+    """Whether any of ``modules`` has a forward or forward-pre hook of its own (global hooks are not counted)."""
+    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
 def _mse_grad(diff: Tensor, n: int) -> Tensor:

@@ -7,8 +7,7 @@ Run after each optimiser step on the post-activation features ``h`` of the forwa
 2. ``util ← η·util``; ``mean_act ← η·mean_act + (1−η)·mean_batch(h)``; ``ĥ = mean_act / bc``.
 3. ``out_mag`` = mean |outgoing weight| of each unit, ``in_mag`` = mean |incoming weight|, and
    ``contribution``: ``out_mag · mean_batch|h|`` (Eq. 1 of the Nature paper up to a per-layer constant) or
-   ``adaptable_contribution``: ``out_mag · mean_batch|h − ĥ| / in_mag`` (the MNIST default of the reference;
-   both in :mod:`cl_lightning.nn.gnt_utility`).
+   ``adaptable_contribution``: ``out_mag · mean_batch|h − ĥ| / in_mag`` (the MNIST default of the reference).
 4. ``util ← util + (1−η)·new_util``; ``bias_corrected_util = util / bc``.
 5. Units with ``age > maturity_threshold`` are eligible; ``replacement_rate · #eligible`` of them are replaced,
    the fractional part carried over (``accumulate=True``) or, below one, one unit with that probability.
@@ -31,7 +30,7 @@ All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_c
 
 No host synchronisation per step: how many units a layer replaces depends only on how many are eligible, and that
 only on past replacement counts (every unit ages by one per step; a replaced unit restarts at 0). So the counts are
-kept on the host (:class:`~cl_lightning.nn.gnt_counts.HostCounts`, rebuilt from ``age_i`` and ``to_replace_i`` on
+kept on the host (:class:`HostCounts`, rebuilt from ``age_i`` and ``to_replace_i`` on
 load) and the replaced units are the first ``count`` of the eligible units sorted by utility, with no device read.
 This equals the reference whenever the utilities are finite (a NaN utility sorts last among the eligible units here).
 """
@@ -39,8 +38,9 @@ This equals the reference whenever the utilities are finite (a NaN utility sorts
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -48,10 +48,9 @@ from torch import Tensor, nn
 
 from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.flat_adam import scalar_operand
-from cl_lightning.nn.gnt_counts import HostCounts
-from cl_lightning.nn.gnt_utility import UTILITIES, UtilityType, batch_mean
 
 ReplacementInit = Literal["kaiming", "default", "xavier", "lecun"]
+UtilityType = Literal["contribution", "adaptable_contribution"]
 
 # Bound b of U(−b, b) for a redrawn incoming row, from (fan_in, fan_out); ReLU gain √2 (``compute_bounds``).
 _BOUNDS: dict[str, Callable[[int, int], float]] = {
@@ -60,6 +59,60 @@ _BOUNDS: dict[str, Callable[[int, int], float]] = {
     "xavier": lambda fan_in, fan_out: math.sqrt(2) * math.sqrt(6 / (fan_in + fan_out)),
     "lecun": lambda fan_in, fan_out: math.sqrt(3 / fan_in),
 }
+
+
+def batch_mean(x: Tensor) -> Tensor:
+    """``x.mean(0)``, bit for bit: ``(B, ...) -> (...)``. One row (a one-point step) on the CPU in float32 / float64
+    is summed instead, at half the cost: there torch's mean is the sum divided by the count (``mean_out``), and a
+    division by 1 is exact."""
+    if x.shape[0] == 1 and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        return x.sum(0)
+    return x.mean(0)
+
+
+def contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
+    """``out_mag · mean_batch|h|`` per unit: ``h (B, H)``, the rest ``(H,)``."""
+    return out_mag * batch_mean(h.abs())
+
+
+def adaptable_contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
+    """``out_mag · mean_batch|h − ĥ| / in_mag`` per unit: ``h (B, H)``, the rest ``(H,)``."""
+    return out_mag * batch_mean((h - h_hat).abs()) / in_mag
+
+
+UTILITIES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
+    "contribution": contribution,
+    "adaptable_contribution": adaptable_contribution,
+}
+
+
+@dataclass
+class HostCounts:
+    """Host copy of what a layer's replacement count depends on: eligible units, the ages of the others, the carry."""
+
+    clock: int = 0  # steps tested
+    eligible: int = 0  # units with age > maturity threshold
+    young: deque[list[int]] = field(default_factory=deque)  # [clock at age 0, units], oldest first
+    carried: float = 0.0  # to_replace_i
+
+    def tick(self, threshold: int) -> int:
+        """One step older (``age += 1``): the young units now past ``threshold`` become eligible."""
+        self.clock += 1
+        while self.young and self.clock - self.young[0][0] > threshold:
+            self.eligible += self.young.popleft()[1]
+        return self.eligible
+
+    def replace(self, count: int) -> None:
+        """``count`` eligible units restart at age 0."""
+        self.eligible -= count
+        self.young.append([self.clock, count])
+
+    @classmethod
+    def from_ages(cls, age: Tensor, threshold: int, carried: float) -> HostCounts:
+        """Rebuild from a layer's ages (read once, on load)."""
+        ages = Counter(age.tolist())
+        young = deque([-a, n] for a, n in sorted(ages.items(), reverse=True) if a <= threshold)
+        return cls(0, sum(n for a, n in ages.items() if a > threshold), young, carried)
 
 
 class GenerateAndTest(nn.Module):

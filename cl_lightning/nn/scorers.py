@@ -20,7 +20,7 @@ import time
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.hooks import has_forward_hooks
+from cl_lightning.nn.fused_steps import has_forward_hooks
 from cl_lightning.nn.mlp import InitName, init_linear
 
 #: Measured block sizes (pairs per block) by (device type, threads, hidden, layers, dtype): see tuned_block_pairs.

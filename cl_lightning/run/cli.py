@@ -53,10 +53,16 @@ from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
 from cl_lightning.run import stopping
-from cl_lightning.run.checkpointing import AtomicCheckpointIO, DataRecord, Resume, remove_temp_files
+from cl_lightning.run.checkpointing import (
+    AtomicCheckpointIO,
+    DataRecord,
+    Resume,
+    check_resumed,
+    open_run,
+    remove_temp_files,
+)
 from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
-from cl_lightning.run.resuming import check_resumed, open_run
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
 from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code, stop_message
 from cl_lightning.run.summary import run_summary
@@ -138,7 +144,7 @@ class CLI(CompatCLI):
         return super().instantiate_trainer(**kwargs)
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.resuming.open_run`);
+        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.checkpointing.open_run`);
         never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
         compared after instantiation instead)."""
         sub = self.config.get("subcommand")

@@ -159,10 +159,6 @@ def concise_parse_error(message: str, options: list[str] | None = None) -> str:
     return "; ".join(lines[:2])[:300]
 
 
-def _debugging() -> bool:
-    return ConciseArgumentParser.debug
-
-
 class ConciseArgumentParser(LightningArgumentParser):
     """LightningCLI's parser, whose errors are one line (``error: …``) and exit code 2 instead of 30–70 lines of
     usage and nested union reports. With ``debug`` set (``--debug``) it reports as jsonargparse does.

@@ -1,10 +1,10 @@
-"""Effective rank, srank, approximate rank and LoP feature ranks against hand cases and numpy."""
+"""Effective rank and srank against hand cases and numpy."""
 
 import numpy as np
 import pytest
 import torch
 
-from cl_lightning.metrics import approximate_rank, effective_rank, entropy_effective_rank, feature_rank, srank
+from cl_lightning.metrics import effective_rank, entropy_effective_rank, srank
 
 
 def _np_erank(sv: np.ndarray) -> float:
@@ -55,30 +55,7 @@ def test_srank_matches_numpy(delta: float) -> None:
 
 
 def test_srank_hand() -> None:
-    # total 11.5, 99% = 11.385: cumulative sums 10, 11, 11.5 -> 3; squared: 100, 101 >= 0.99 * 101.25 -> 2
+    # total 11.5, 99% = 11.385: cumulative sums 10, 11, 11.5 -> 3
     assert srank(torch.tensor([1.0, 10.0, 0.5])).item() == 3
-    assert approximate_rank(torch.tensor([1.0, 10.0, 0.5])).item() == 2
     assert srank(torch.ones(100)).item() == 99  # 99 ones reach 0.99 * 100
     assert srank(torch.zeros(3)).item() == 0
-
-
-def test_approximate_rank_matches_numpy() -> None:
-    sv = np.random.default_rng(1).exponential(size=40)
-    assert approximate_rank(torch.from_numpy(sv)).item() == _np_cumulative_rank(sv**2, 0.99)
-
-
-def test_feature_rank_matches_lop_formulas() -> None:
-    acts = torch.relu(torch.randn(200, 6, dtype=torch.float64) @ torch.randn(6, 16, dtype=torch.float64))
-    acts[:, 3] = 0.0  # a dead unit
-    sv = np.linalg.svd(acts.numpy(), compute_uv=False)
-    ranks = feature_rank(acts)
-    assert ranks.effective_rank.item() == pytest.approx(_np_erank(sv), rel=1e-10)
-    assert ranks.approximate_rank.item() == _np_cumulative_rank(sv**2, 0.99)
-    assert ranks.abs_approximate_rank.item() == _np_cumulative_rank(sv, 0.99)
-    assert ranks.rank.item() == np.count_nonzero(sv)  # exact-zero count, as LoP (no tolerance)
-
-
-def test_feature_rank_exact_zero_count() -> None:
-    ranks = feature_rank(torch.diag(torch.tensor([3.0, 1.0, 0.0])))
-    assert ranks.rank.item() == 2
-    assert ranks.effective_rank.item() == pytest.approx(np.exp(-(0.75 * np.log(0.75) + 0.25 * np.log(0.25))))

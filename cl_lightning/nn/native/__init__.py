@@ -258,18 +258,6 @@ def available() -> bool:
     return True
 
 
-def refusal(adam: FlatOptimizer | None, kind: type[FlatOptimizer] = FlatAdam) -> str | None:
-    """Why the native kernels cannot run this batch's fused step (``None`` when they can): they implement Adam /
-    AdamW (``kind`` :class:`FlatAdam`, Backprop and QOA) or AdamGnT (:class:`FlatAdamGnT`, Continual Backprop) on
-    float32 CPU tensors."""
-    if not isinstance(adam, kind):
-        wanted = "AdamGnT" if kind is FlatAdamGnT else "Adam / AdamW"
-        return f"the optimiser is {type(adam._optimizer).__name__ if adam else None}, not {wanted}"
-    if adam.flat.dtype != torch.float32 or adam.flat.device.type != "cpu":
-        return "the parameters are not float32 on the CPU"
-    return None
-
-
 _LAYOUTS: weakref.WeakKeyDictionary[FlatOptimizer, tuple] = weakref.WeakKeyDictionary()
 
 
