@@ -12,19 +12,20 @@ import torch
 import yaml
 from helpers import CONFIGS, KNN, ROOT, fit
 
+from cl_lightning.callbacks import CostMonitor
 from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key, split_metric_key
 from cl_lightning.data import AssociativeRecall
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import UsageError
 from cl_lightning.learners import ParametricAttention
-from cl_lightning.memory.accounting import memory_bytes
+from cl_lightning.memory.accounting import memory_bytes, stream_row_bytes
 from cl_lightning.run.cli import main as cli_main
 from cl_lightning.study.report import read_scalars
-from cl_lightning.study.report_budget import budget_markdown, budget_study
+from cl_lightning.study.report_budget import budget_markdown, budget_study, crossover
 from cl_lightning.study.results import Experiment
 from cl_lightning.study.suite import load_suite
 
-SUITES = [CONFIGS / "suites" / f"lifelong_budget_{s}.yaml" for s in ("recall", "pmnist")]
+SUITES = [CONFIGS / "suites" / f"lifelong_budget_{s}.yaml" for s in ("recall", "pmnist", "pmnist_data")]
 
 
 def _module(lags: list[int], lag_tasks: int | None, tasks: int = 25) -> StreamDataModule:
@@ -104,7 +105,9 @@ def test_the_budget_suites_size_each_learner_to_its_budget(path: Path, monkeypat
     assert sorted({t.seed for t in suite.trials}) == [0, 1, 2, 3, 4]
     for trial in [t for t in suite.trials if t.seed == 0]:
         cli = cli_main(trial.fit_args(ROOT / "logs" / "unused")[1:], run=False)
-        budget, held = suite.budgets[trial.name], memory_bytes(cli.model, held=False).budget
+        cost = next(c for c in cli.trainer.callbacks if isinstance(c, CostMonitor))
+        row = stream_row_bytes(cli.datamodule.stream, cost.row_precision)  # as the run logs memory/budget_bytes
+        budget, held = suite.budgets[trial.name], memory_bytes(cli.model, row, held=False).budget
         assert held <= budget or cli.model.buffer.capacity == 2, trial.name
         assert held > budget / (2 if suite.budgets[trial.name] > 1024 else 4), trial.name
 
@@ -178,3 +181,13 @@ def test_a_suite_cell_regenerates_the_benchmark_seed(tmp_path: Path, monkeypatch
         lags = [np.mean(list(scalars[f"eval/backward_acc/lag_{lag}"].values())) for lag in (1, 5, 20)]
         forward = scalars["eval/forward_acc"][max(scalars["eval/forward_acc"])]
         assert [forward, *lags] == pytest.approx(expected[trial.name], abs=1e-7), trial.name
+
+
+def test_the_crossover_needs_the_buffers_ahead_at_every_larger_budget() -> None:
+    """The former benchmark's case: ties count for the buffer, and lag 1 stays with the rule."""
+    means = {"knn_reservoir": {1024: (0.1, 0.1, 0.1), 4096: (0.9, 0.7, 0.5)}, "delta_rule": {1024: (0.8, 0.3, 0.1),
+             4096: (0.95, 0.6, 0.1)}}  # fmt: skip
+    cells = {
+        n: {b: dict(zip(("mean1", "mean5", "mean20"), m, strict=True)) for b, m in c.items()} for n, c in means.items()
+    }
+    assert {lag: crossover(cells, {"knn_reservoir"}, lag) for lag in (1, 5, 20)} == {1: None, 5: 4096, 20: 1024}

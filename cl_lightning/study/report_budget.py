@@ -6,10 +6,10 @@ row per experiment: the stream, the learner, B, the bytes it holds (``memory/bud
 :func:`~cl_lightning.memory.accounting.memory_bytes`), the forward score after the last task (the last task's
 queries read from memory), and the live recall at each lag L logged apart (``eval/backward_acc/lag_L``, the data
 module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``), then the
-mean ± population std over seeds. A learner with a replay buffer (``memory_size`` in its saved config) is a
-*buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from which on the best
-buffer learner's mean recall is at least the best rule's at every budget both were run at (none if the rules stay
-ahead at the largest). ``budget.md`` holds the table and the crossovers, ``budget.json`` the cells
+mean ± population std over seeds (:func:`seed_mean_std`). A learner with a replay buffer (``memory_size`` in its
+saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
+which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
+if the rules stay ahead at the largest). ``budget.md`` holds the table and the crossovers, ``budget.json`` the cells
 (``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``).
 """
 
@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
-from cl_lightning.study.results import Experiment, final_window, last_value
+from cl_lightning.study.results import Experiment, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
 
@@ -55,9 +57,22 @@ def cell(exp: Experiment, lags: Sequence[int]) -> dict[str, Any]:
     out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held), "forward": forward}
     out["seeds"] = len(exp.seeds)
     for lag in lags:
-        mean, std, _ = final_window(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)), exp.num_evaluated_tasks)
-        out[f"mean{lag}"], out[f"std{lag}"] = mean, std
+        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
     return out
+
+
+def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
+    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged), each mean
+    correctly rounded (``statistics.fmean``): a mean that is a tie at the table's third decimal (376 / 3200) then
+    prints as the value it is, whatever the order of the sum.
+
+    >>> seed_mean_std(np.array([[np.nan, 0.25, 0.75], [np.nan, 1.0, 1.0]]))
+    (0.75, 0.25)
+    """
+    per_seed = [statistics.fmean(row[~np.isnan(row)].tolist()) for row in rows if (~np.isnan(row)).any()]
+    if not per_seed:
+        return math.nan, math.nan
+    return statistics.fmean(per_seed), statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
 
 
 def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], lag: int) -> int | None:
