@@ -3,6 +3,7 @@ budget suites and the report's budget table (docs/results/lifelong_icl.md §1)."
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from cl_lightning.learners import ParametricAttention
 from cl_lightning.memory.accounting import memory_bytes, stream_row_bytes
 from cl_lightning.run.cli import main as cli_main
 from cl_lightning.study.report import read_scalars
-from cl_lightning.study.report_budget import budget_markdown, budget_study, crossover
+from cl_lightning.study.report_budget import budget_markdown, budget_study, crossover, write_budget
 from cl_lightning.study.results import Experiment
 from cl_lightning.study.suite import load_suite
 
@@ -162,6 +163,12 @@ def test_the_budget_table_and_the_crossover_from_logged_values(tmp_path: Path) -
     assert "| AssociativeRecall | knn | 4,096 | 3,696 | 0.375 | 0.875 ± 0.125 |" in text
     assert text.rstrip().endswith("lag 1: 4,096 B")
     assert not math.isnan(study["cells"]["delta"][1024]["mean1"])
+    out = tmp_path / "report"
+    out.mkdir()
+    assert write_budget(tmp_path, experiments, meta, out).endswith(text)
+    assert json.loads((out / "budget.json").read_text())["crossover"] == {"1": 4096}
+    assert (out / "budget.png").stat().st_size > 0
+    assert write_budget(tmp_path, experiments, {}, out) == ""  # not a budget study: no section
 
 
 @pytest.mark.slow

@@ -24,8 +24,8 @@ tasks).
   block, mean ± std over seeds of each seed's block mean;
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
   (:mod:`cl_lightning.study.departures`);
-- ``budget.md`` / ``budget.json``, for a budget study (a suite whose experiments name a ``budget``): live recall
-  at each lag logged apart against the context-memory bytes, and the crossover budgets
+- ``budget.md`` / ``budget.json`` / ``budget.png``, for a budget study (a suite whose experiments name a
+  ``budget``): live recall at each lag logged apart against the context-memory bytes, and the crossover budgets
   (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``.
 
 The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text += "\n" + budget if budget else ""
     (out / "table.md").write_text(text)
     windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
-    windows += ["budget.md", "budget.json"] if budget else []
+    windows += ["budget.md", "budget.json", "budget.png"] if budget else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))

@@ -10,7 +10,8 @@ mean ± population std over seeds (:func:`seed_mean_std`). A learner with a repl
 saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
 which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
 if the rules stay ahead at the largest). ``budget.md`` holds the table and the crossovers, ``budget.json`` the cells
-(``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``).
+(``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``), ``budget.png`` one panel per lag: recall against the
+bytes held, a line per learner (buffers dashed) with its ± std band.
 """
 
 from __future__ import annotations
@@ -130,9 +131,34 @@ def budget_markdown(study: dict[str, Any]) -> str:
     return "\n".join([*lines, "", f"Crossover ({stream}; buffer learners: {buffers}): {cross}", ""])
 
 
+def budget_figure(study: dict[str, Any], path: Path) -> None:
+    """One panel per lag: mean recall against the bytes held (log scale), a line per learner, the std as a band."""
+    from matplotlib.figure import Figure  # only when drawing: the sweep imports the report to read trial states
+
+    lags = study["lags"]
+    fig = Figure(figsize=(5 * len(lags), 4), dpi=110)
+    axes = fig.subplots(1, len(lags), sharey=True, squeeze=False)[0]
+    for ax, lag in zip(axes, lags, strict=True):
+        for name, by_budget in study["cells"].items():
+            cells = [c for c in by_budget.values() if c["bytes"] is not None and not math.isnan(c[f"mean{lag}"])]
+            x = [c["bytes"] for c in cells]
+            m, s = np.array([c[f"mean{lag}"] for c in cells]), np.array([c[f"std{lag}"] for c in cells])
+            line = ax.plot(x, m, ("--" if name in study["buffers"] else "-") + "o", ms=3, label=name)[0]
+            ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.12)
+        cross = study["crossover"][lag]
+        ax.set_title(f"lag {lag} (crossover: {'none' if cross is None else f'{cross:,} B'})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context memory bytes held")
+    axes[0].set_ylabel("live recall (mean ± std over seeds)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{', '.join(sorted(set(study['streams'].values())))}: buffers (dashed) vs fast-weight states")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
 def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any], out: Path) -> str:
-    """Write ``budget.md`` and ``budget.json`` under ``out`` when the suite is a budget study; the Markdown section
-    for ``table.md`` (empty otherwise)."""
+    """Write ``budget.md``, ``budget.json`` and ``budget.png`` under ``out`` when the suite is a budget study; the
+    Markdown section for ``table.md`` (empty otherwise)."""
     if not meta.get("budgets"):
         return ""
     study = budget_study(suite_dir, experiments, meta)
@@ -140,4 +166,6 @@ def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
     (out / "budget.md").write_text(text)
     saved = {"cells": study["cells"], "buffers": study["buffers"], "crossover": study["crossover"]}
     (out / "budget.json").write_text(json.dumps(saved, indent=1))
+    if study["lags"]:
+        budget_figure(study, out / "budget.png")
     return "## Budget study: live recall against context-memory bytes\n\n" + text
