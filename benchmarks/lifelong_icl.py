@@ -20,8 +20,8 @@ One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_TH
 
 writes ``scorecard.json``, ``tables.md``, one PNG per property and ``ablation.png`` under ``--out``, beside the
 harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). Its helpers
-(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_budget``, ``lifelong_reuse`` and
-``lifelong_goals`` too.
+(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_reuse``, ``lifelong_goals`` and
+``lifelong_rule`` too (the budget curves run through the package: ``configs/suites/lifelong_budget_*.yaml``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from cl_lightning.nn import fast_weights as fw
 
 LAGS = (1, 5, 20)
 STATE_FLOATS = 128 * 10  # the matched budget: a 128 x 10 float32 state, 5,120 bytes
-RESULTS = Path("docs/results/lifelong_icl")  # where lifelong_budget / _reuse / _goals write by default
+RESULTS = Path("docs/results/lifelong_icl")  # where lifelong_reuse / _goals / _rule write by default
 
 
 @dataclass

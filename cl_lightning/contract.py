@@ -26,7 +26,7 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
-SlotRole = Literal["forward", "backward", "matrix", "final"]
+SlotRole = Literal["forward", "backward", "lag", "matrix", "final"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 
 
@@ -63,7 +63,8 @@ class Episode(NamedTuple):
 
 
 class EvalSlot(NamedTuple):
-    """One reason to evaluate an episode: its ``role`` and, for ``"matrix"`` and ``"final"``, the probe task."""
+    """One reason to evaluate an episode: its ``role`` and, for ``"matrix"`` and ``"final"``, the probe task, for
+    ``"lag"`` the lag."""
 
     role: SlotRole
     task: int = -1
@@ -85,6 +86,7 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
 
     - ``"forward"``: ``eval/forward_{m}`` (the current task, after training it);
     - ``"backward"``: ``eval/backward_{m}`` (an earlier task; several lags log under one name and are averaged);
+    - ``"lag"``: ``eval/backward_{m}/lag_{L}`` (task t − L, each lag under its own name: recall at several lags);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
     - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream).
 
@@ -92,12 +94,16 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     'eval/live_acc_matrix/task_7'
     >>> metric_key(EvalSlot("forward"), "mse")
     'eval/forward_mse'
+    >>> metric_key(EvalSlot("lag", 20), "acc", "live")
+    'eval/backward_live_acc/lag_20'
     """
     m = metric if reading is None else f"{reading}_{metric}"
     if slot.role == "forward":
         return f"eval/forward_{m}"
     if slot.role == "backward":
         return f"eval/backward_{m}"
+    if slot.role == "lag":
+        return f"eval/backward_{m}/lag_{slot.task}"
     if slot.role == "matrix":
         return f"eval/{m}_matrix/task_{slot.task}"
     return f"test/{m}/task_{slot.task}"
@@ -110,11 +116,13 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     EvalSlot(role='matrix', task=12)
     >>> parse_metric_key("eval/forward_live_acc", "acc") is None
     True
+    >>> parse_metric_key("eval/backward_acc/lag_5", "acc")
+    EvalSlot(role='lag', task=5)
     """
     for role in ("forward", "backward"):
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
-    for role in ("matrix", "final"):
+    for role in ("lag", "matrix", "final"):
         head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
         tail = key.removeprefix(head)
         if tail != key and tail.isdigit():
@@ -129,14 +137,16 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     (EvalSlot(role='forward', task=-1), 'live')
     >>> split_metric_key("eval/acc_matrix/task_3", "acc")
     (EvalSlot(role='matrix', task=3), None)
+    >>> split_metric_key("eval/backward_live_acc/lag_1", "acc")
+    (EvalSlot(role='lag', task=1), 'live')
     """
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "matrix", "final"):
+    for role in ("forward", "backward", "lag", "matrix", "final"):
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
-        tail = tail[:-1] if role in ("matrix", "final") else tail  # the task's digits vary
+        tail = tail[:-1] if role in ("lag", "matrix", "final") else tail  # the task's (lag's) digits vary
         rest = key.removeprefix(head)
         cut = rest.rfind(tail)
         if rest != key and cut > 0:

@@ -254,24 +254,6 @@ def test_gpu_check_script_is_valid_bash() -> None:
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
 
 
-def test_lifelong_budget(tmp_path: Path) -> None:
-    argv = ["--small", "--streams", "AssociativeRecall", "--out", str(tmp_path)]
-    result = _module("lifelong_budget").main(argv)["AssociativeRecall"]
-    cells = result["cells"]
-    assert set(cells) == {"knn_fifo", "knn_reservoir", "qoa_fifo", "qoa_reservoir", "delta_rule",
-                          "gated_delta_rule", "ttt_linear"}  # fmt: skip
-    for name, by_budget in cells.items():
-        assert set(by_budget) == {1024, 8192}
-        for budget, c in by_budget.items():
-            assert c["bytes"] <= budget or name.endswith(("fifo", "reservoir"))  # a buffer holds >= 2 rows
-            assert 0 <= c["mean1"] <= 1
-            assert 0 <= c["mean5"] <= 1
-            assert math.isnan(c["mean20"])  # 7 tasks: no task 20 back
-    assert cells["knn_fifo"][8192]["bytes"] == 8192 // (32 * 4 + 16) * (32 * 4 + 16)  # 56 rows of 144 B
-    assert cells["delta_rule"][8192]["bytes"] == 8192 // 40 * 40  # d_k 204 x 10 floats
-    assert (tmp_path / "budget_AssociativeRecall.png").exists()
-
-
 def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
     rows = _module("lifelong_reuse").main(["--small", "--out", str(tmp_path)])["rows"]
     assert len(rows) == 3 * 7  # three reuse streams x six levers and StableKeyMemory
@@ -312,24 +294,6 @@ def test_lifelong_rule_probe_reads_written_and_unseen_keys(tmp_path: Path) -> No
     assert all(r["bytes"] is None or r["bytes"] <= 5328 or r["learner"].startswith("StableKeyMemory") for r in rows)
     assert all(0 <= r["unseen"] <= 1 for r in rows)
     assert (tmp_path / "rule.md").exists()
-
-
-def test_lifelong_budget_tables_rebuild_from_progress_lines_and_find_the_crossover(tmp_path: Path) -> None:
-    bench = _module("lifelong_budget")
-    log = tmp_path / "run.log"
-    log.write_text(
-        "S knn_reservoir 1,024 B (  1,000) L1 0.100±0.010 L5 0.100±0.010 L20 0.100±0.010  (1 s)\n"
-        "S knn_reservoir 4,096 B (  4,000) L1 0.900±0.010 L5 0.700±0.010 L20 0.500±0.010  (1 s)\n"
-        "S delta_rule    1,024 B (  1,000) L1 0.800±0.050 L5 0.300±0.050 L20 0.100±0.050  (1 s)\n"
-        "S delta_rule    4,096 B (  4,080) L1 0.950±0.050 L5 0.600±0.050 L20 0.100±0.050  (1 s)\n"
-        "T delta_rule    1,024 B (  1,000) L1 0.000±0.000 L5 0.000±0.000 L20 0.000±0.000  (1 s)\n"
-    )
-    result = bench.from_logs("S", [log])
-    assert list(result["cells"]) == ["knn_reservoir", "delta_rule"]  # the other stream's line is not read
-    cell = result["cells"]["delta_rule"][4096]
-    assert (cell["bytes"], cell["mean5"], cell["std5"]) == (4080, 0.6, 0.05)
-    assert math.isnan(cell["forward"])
-    assert result["crossover"] == {1: None, 5: 4096, 20: 1024}  # lag 20: tied at 1 KB, buffer ahead after
 
 
 def test_scr_step() -> None:

@@ -141,7 +141,7 @@ ALLOWED = {
     # the parts a run is made of, meeting through contract.py
     "data": {"data", "contract"},
     "learners": {"ops", "nn", "memory", "learners", "contract", "lightning_compat"},
-    "callbacks": {"metrics", "callbacks", "contract", "heap", "lightning_compat"},
+    "callbacks": {"metrics", "memory", "callbacks", "contract", "heap", "lightning_compat"},
     # the life of one run, then studies of many
     "run": {"run", "data", "learners", "callbacks", "contract", "errors", "heap", "lightning_compat"},
     "study": {"study", "run", "metrics", "contract", "errors"},

@@ -13,6 +13,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from cl_lightning.contract import ObservedLearner, steps_in
+from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_bytes
 
 
 class CostMonitor(Callback):
@@ -21,6 +22,9 @@ class CostMonitor(Callback):
     - ``memory/context_bytes``: ``pl_module.context_memory_bytes()`` (default: all registered buffers: replay
       buffer, fast-weight state, counters; learners may override);
     - ``memory/param_bytes``: bytes of the parameters;
+    - ``memory/budget_bytes``: what a budget study charges (:func:`~cl_lightning.memory.accounting.memory_bytes`:
+      a replay buffer's rows held, at ``row_precision``, or the fast state, plus fixed projections; trained
+      parameters excluded);
     - ``cost/step_seconds``: mean wall time per training step (chunk; a ``StreamSteps`` batch counts its chunks),
       from the first step's start to the last step's end (data loading of later chunks included; the evaluation
       and other callbacks' hooks at the task's start and end excluded); on CUDA one synchronisation at the task's
@@ -28,9 +32,14 @@ class CostMonitor(Callback):
     - ``cost/task_seconds``: that span for the whole task.
 
     Cost knob: none needed (two clock reads per step and one log per task).
+
+    Args:
+        row_precision: How ``memory/budget_bytes`` charges a buffer row: as stored (``"stored"``: float32 inputs,
+            int64 label and task id) or at the data's own precision (``"data"``: 8-bit pixels, a 1-byte label).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, row_precision: Precision = "stored") -> None:
+        self.row_precision = row_precision
         self._start: float | None = None
         self._end = 0.0
         self._steps = 0
@@ -55,9 +64,12 @@ class CostMonitor(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Log the task's memory and time per step."""
+        stream = getattr(trainer.datamodule, "stream", None)
+        row = stream_row_bytes(stream, self.row_precision) if stream is not None else None
         log = {
             "memory/context_bytes": float(pl_module.context_memory_bytes()),
             "memory/param_bytes": float(sum(p.numel() * p.element_size() for p in pl_module.parameters())),
+            "memory/budget_bytes": float(memory_bytes(pl_module, row).budget),
         }
         if self._start is not None and self._steps:
             seconds = self._end - self._start

@@ -12,6 +12,10 @@ Evaluation after task ``t``:
 - **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
 - **backward**: the episode of task ``t − backward_lag`` (with several lags, the mean over them: the paper uses
   lag 5 on image streams and the mean over lags 1..5 on slowly changing regression);
+- **lags** (optional, ``lags``): the episode of task ``t − L`` for each lag L, each logged under its own name
+  (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
+  lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
+  own memory);
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 
@@ -107,6 +111,9 @@ class StreamDataModule(LightningDataModule):
         backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
         num_probe_tasks: Evaluated tasks in the accuracy-matrix probe set (0 switches the matrix off).
+        lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
+            ``eval/backward_{acc,mse}/lag_L`` (none by default).
+        lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
@@ -124,24 +131,32 @@ class StreamDataModule(LightningDataModule):
         num_probe_tasks: int = 10,
         num_workers: int = 0,
         steps_per_batch: int = 1,
+        lags: list[int] | None = None,
+        lag_tasks: int | None = None,
     ) -> None:
         super().__init__()
         if steps_per_batch < 1:
             raise ValueError(f"steps_per_batch must be >= 1, got {steps_per_batch}")
         self.steps_per_batch = steps_per_batch
-        lags = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
-        if not lags:
+        backward = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
+        if not backward:
             raise ValueError("backward_lag must name at least one lag (>= 1), got []")
         for name, value, low in (("context_size", context_size, 0), ("num_probe_tasks", num_probe_tasks, 0)):
             if value < low:
                 raise ValueError(f"{name} must be >= {low}, got {value}")
-        if min(lags) < 1:
+        if min(backward) < 1:
             raise ValueError(f"backward_lag must be >= 1, got {backward_lag}")
         if eval_queries is not None and eval_queries < 1:
             raise ValueError(f"eval_queries must be positive or null, got {eval_queries}")
+        self.lags = sorted(set(lags or []))
+        if self.lags and self.lags[0] < 1:
+            raise ValueError(f"lags must be >= 1, got {lags}")
+        if lag_tasks is not None and lag_tasks < 1:
+            raise ValueError(f"lag_tasks must be positive or null, got {lag_tasks}")
+        self.lag_tasks = lag_tasks
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
-        self.backward_lags, self.num_workers = lags, num_workers
+        self.backward_lags, self.num_workers = backward, num_workers
         n, k = self.num_evaluated_tasks, min(num_probe_tasks, self.num_evaluated_tasks)
         self.probe_tasks = sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)}) if k else []
 
@@ -249,6 +264,10 @@ class StreamDataModule(LightningDataModule):
         for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
             if task >= lag:
                 items.setdefault(task - lag, []).append(EvalSlot("backward"))
+        if self.lag_tasks is None or task >= self.num_evaluated_tasks - self.lag_tasks:
+            for lag in self.lags:
+                if task >= lag:
+                    items.setdefault(task - lag, []).append(EvalSlot("lag", lag))
         if task in self.probe_tasks:
             for j in self.probe_tasks:
                 items.setdefault(j, []).append(EvalSlot("matrix", j))

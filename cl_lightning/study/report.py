@@ -23,7 +23,10 @@ tasks).
   complete blocks of ``--block`` evaluated tasks (default 100; 0: none), forward, backward and the Hessian rank per
   block, mean ± std over seeds of each seed's block mean;
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
-  (:mod:`cl_lightning.study.departures`).
+  (:mod:`cl_lightning.study.departures`);
+- ``budget.md`` / ``budget.json`` / ``budget.png``, for a budget study (a suite whose experiments name a
+  ``budget``): live recall at each lag logged apart against the context-memory bytes, and the crossover budgets
+  (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``.
 
 The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
 backward lag, and say why a panel is empty.
@@ -43,6 +46,7 @@ import yaml
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
+from cl_lightning.study.report_budget import write_budget
 from cl_lightning.study.report_tables import block_table, window_table, write_table, write_window_csv
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
@@ -311,8 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     text += "".join(
         "\n" + t for t in (window_table(experiments, paper), block_table(experiments, paper, opts.block)) if t
     )
+    budget = write_budget(suite_dir, experiments, meta, out)
+    text += "\n" + budget if budget else ""
     (out / "table.md").write_text(text)
     windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
+    windows += ["budget.md", "budget.json", "budget.png"] if budget else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))

@@ -13,10 +13,13 @@ extra command-line arguments) and the seeds to run them with::
         configs: [configs/bp_pmnist.yaml, configs/quick.yaml]
         args: []
         paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
+        budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
 
 An experiment's **paper config** (``paper_config``: ``--config`` files, resolved as ``fit`` resolves them; by default
 the experiment's first config) is what its trials are compared with: ``report`` lists every resolved value a trial
-changes from it (its departures from the paper).
+changes from it (its departures from the paper). An experiment's ``budget`` (bytes) makes the suite a budget study:
+``report`` then adds the budget table (:mod:`cl_lightning.study.report_budget`), one row per experiment at its
+budget, and the crossover budgets.
 
 Every (experiment, seed) is one :class:`Trial`: the arguments of one ``python -m cl_lightning fit``, with the seed
 given to ``seed_everything`` (initialisation), ``data.stream.init_args.seed`` (permutations, class pairs,
@@ -34,7 +37,7 @@ from typing import Any
 from cl_lightning.errors import UsageError, did_you_mean, key_lines, load_yaml
 
 SUITE_KEYS = ("name", "seeds", "benchmark", "args", "experiments")
-EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config")
+EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget")
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class Suite:
     labels: dict[str, str] = field(default_factory=dict)
     published: dict[str, str] = field(default_factory=dict)
     paper_configs: dict[str, list[str]] = field(default_factory=dict)
+    budgets: dict[str, int] = field(default_factory=dict)
 
     def summary(self, source: str | Path) -> dict[str, Any]:
         """What the report reads from ``<suite folder>/suite.yaml``: experiments in order, labels, paper keys."""
@@ -102,6 +106,7 @@ class Suite:
             "labels": dict(self.labels),
             "published": dict(self.published),
             "paper_configs": {name: list(files) for name, files in self.paper_configs.items()},
+            **({"budgets": dict(self.budgets)} if self.budgets else {}),
         }
 
 
@@ -195,5 +200,12 @@ def load_suite(path: str | Path) -> Suite:
         suite.labels[exp] = str(entry.get("label") or exp)
         if entry.get("published"):
             suite.published[exp] = str(entry["published"])
+        if "budget" in entry:
+            budget = entry["budget"]
+            if type(budget) is not int or budget < 1:
+                raise UsageError(
+                    f"{where('experiments', str(exp), 'budget')}: `budget` must be bytes (> 0), got {budget!r}"
+                )
+            suite.budgets[str(exp)] = budget
         suite.trials += [Trial(name, str(exp), seed, configs, args) for seed in seeds]
     return suite

@@ -1,0 +1,171 @@
+"""The budget study's section of the report: live recall at several lags against the context-memory bytes.
+
+A suite whose experiments name a ``budget`` (:mod:`cl_lightning.study.suite`) is a budget study: each experiment is
+one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B. From the event files this writes one
+row per experiment: the stream, the learner, B, the bytes it holds (``memory/budget_bytes`` after the last task,
+:func:`~cl_lightning.memory.accounting.memory_bytes`), the forward score after the last task (the last task's
+queries read from memory), and the live recall at each lag L logged apart (``eval/backward_acc/lag_L``, the data
+module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``), then the
+mean ± population std over seeds (:func:`seed_mean_std`). A learner with a replay buffer (``memory_size`` in its
+saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
+which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
+if the rules stay ahead at the largest). ``budget.md`` holds the table and the crossovers, ``budget.json`` the cells
+(``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``), ``budget.png`` one panel per lag: recall against the
+bytes held, a line per learner (buffers dashed) with its ± std band.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
+from cl_lightning.study.results import Experiment, last_value
+
+COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
+
+
+def lags_of(experiments: Sequence[Experiment]) -> list[int]:
+    """The lags logged apart by any experiment (``eval/<m>/lag_L`` tags), in order."""
+    found = set()
+    for exp in experiments:
+        for tag in exp.curves:
+            slot = parse_metric_key(tag, exp.metric)
+            if slot is not None and slot.role == "lag":
+                found.add(slot.task)
+    return sorted(found)
+
+
+def holds_buffer(suite_dir: Path, experiment: str) -> bool:
+    """Whether the experiment's learner keeps a replay buffer (its saved config sets ``memory_size``)."""
+    for config in sorted((suite_dir / experiment).glob("seed_*/config.yaml")):
+        model = (yaml.safe_load(config.read_text()) or {}).get("model") or {}
+        return "memory_size" in (model.get("init_args") or {})
+    return False
+
+
+def cell(exp: Experiment, lags: Sequence[int]) -> dict[str, Any]:
+    """One experiment's numbers: bytes held, forward after the last task, and ``mean{L}`` / ``std{L}`` per lag."""
+    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
+    forward, _, _ = last_value(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
+    out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held), "forward": forward}
+    out["seeds"] = len(exp.seeds)
+    for lag in lags:
+        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
+    return out
+
+
+def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
+    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged), each mean
+    correctly rounded (``statistics.fmean``): a mean that is a tie at the table's third decimal (376 / 3200) then
+    prints as the value it is, whatever the order of the sum.
+
+    >>> seed_mean_std(np.array([[np.nan, 0.25, 0.75], [np.nan, 1.0, 1.0]]))
+    (0.75, 0.25)
+    """
+    per_seed = [statistics.fmean(row[~np.isnan(row)].tolist()) for row in rows if (~np.isnan(row)).any()]
+    if not per_seed:
+        return math.nan, math.nan
+    return statistics.fmean(per_seed), statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
+
+
+def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], lag: int) -> int | None:
+    """The smallest budget from which on the best buffer learner's mean recall at ``lag`` is at least the best
+    rule's at every budget both were run at (None if the rules stay ahead at the largest).
+
+    >>> cells = {"knn": {1: {"mean1": 0.1}, 4: {"mean1": 0.9}}, "delta": {1: {"mean1": 0.5}, 4: {"mean1": 0.6}}}
+    >>> crossover(cells, {"knn"}, 1)
+    4
+    """
+    found = None
+    for budget in sorted({b for by_budget in cells.values() for b in by_budget}):
+        ours = [cells[n][budget][f"mean{lag}"] for n in cells if n in buffers and budget in cells[n]]
+        theirs = [cells[n][budget][f"mean{lag}"] for n in cells if n not in buffers and budget in cells[n]]
+        if ours and theirs:
+            found = (found or budget) if max(ours) >= max(theirs) else None
+    return found
+
+
+def _fmt(x: float | None, spec: str = ".3f") -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
+    """The cells by learner (experiment label) and budget, the buffer learners, the lags and the crossovers."""
+    budgets, lags = meta.get("budgets") or {}, lags_of(experiments)
+    cells: dict[str, dict[int, dict[str, Any]]] = {}
+    streams, buffers = {}, set()
+    for exp in experiments:
+        if exp.name not in budgets:
+            continue
+        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {"experiment": exp.name, **cell(exp, lags)}
+        streams[exp.label] = exp.stream or ""
+        if holds_buffer(suite_dir, exp.name):
+            buffers.add(exp.label)
+    cells = {name: dict(sorted(by_budget.items())) for name, by_budget in cells.items()}
+    cross = {lag: crossover(cells, buffers, lag) for lag in lags}
+    return {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
+
+
+def budget_markdown(study: dict[str, Any]) -> str:
+    """The budget table (a row per learner and budget) and the crossover line."""
+    lags = study["lags"]
+    head = [*COLUMNS, *(f"lag {lag}" for lag in lags)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for name, by_budget in study["cells"].items():
+        for budget, c in by_budget.items():
+            recall = (f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags)
+            held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
+            row = [study["streams"][name], name, f"{budget:,}", held, _fmt(c["forward"]), *recall]
+            lines.append("| " + " | ".join(row) + " |")
+    cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
+    stream = ", ".join(sorted(set(study["streams"].values())))
+    buffers = ", ".join(study["buffers"]) or "none"
+    return "\n".join([*lines, "", f"Crossover ({stream}; buffer learners: {buffers}): {cross}", ""])
+
+
+def budget_figure(study: dict[str, Any], path: Path) -> None:
+    """One panel per lag: mean recall against the bytes held (log scale), a line per learner, the std as a band."""
+    from matplotlib.figure import Figure  # only when drawing: the sweep imports the report to read trial states
+
+    lags = study["lags"]
+    fig = Figure(figsize=(5 * len(lags), 4), dpi=110)
+    axes = fig.subplots(1, len(lags), sharey=True, squeeze=False)[0]
+    for ax, lag in zip(axes, lags, strict=True):
+        for name, by_budget in study["cells"].items():
+            cells = [c for c in by_budget.values() if c["bytes"] is not None and not math.isnan(c[f"mean{lag}"])]
+            x = [c["bytes"] for c in cells]
+            m, s = np.array([c[f"mean{lag}"] for c in cells]), np.array([c[f"std{lag}"] for c in cells])
+            line = ax.plot(x, m, ("--" if name in study["buffers"] else "-") + "o", ms=3, label=name)[0]
+            ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.12)
+        cross = study["crossover"][lag]
+        ax.set_title(f"lag {lag} (crossover: {'none' if cross is None else f'{cross:,} B'})")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context memory bytes held")
+    axes[0].set_ylabel("live recall (mean ± std over seeds)")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"{', '.join(sorted(set(study['streams'].values())))}: buffers (dashed) vs fast-weight states")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any], out: Path) -> str:
+    """Write ``budget.md``, ``budget.json`` and ``budget.png`` under ``out`` when the suite is a budget study; the
+    Markdown section for ``table.md`` (empty otherwise)."""
+    if not meta.get("budgets"):
+        return ""
+    study = budget_study(suite_dir, experiments, meta)
+    text = budget_markdown(study)
+    (out / "budget.md").write_text(text)
+    saved = {"cells": study["cells"], "buffers": study["buffers"], "crossover": study["crossover"]}
+    (out / "budget.json").write_text(json.dumps(saved, indent=1))
+    if study["lags"]:
+        budget_figure(study, out / "budget.png")
+    return "## Budget study: live recall against context-memory bytes\n\n" + text
