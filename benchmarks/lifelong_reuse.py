@@ -19,8 +19,8 @@ scorecard's stream no key is ever reused, so those levers could only cost. Here 
 ``--streams PermutedMNIST`` runs the recurring case on Permuted MNIST instead (``PermutedMNIST(recur_every=5)``:
 25 tasks of 500 7x7 images in chunks of 100, 200 queries, encoder [256], Adam 3e-4 as the encoder study), where a
 returning task is a classifier, not a handful of associations, and adds StableKeyMemory's two goal settings
-(``benchmarks.lifelong_goals``) and two at about the levers' state bytes (one state of d_k 128, 5,324 B of state;
-eight routed states of d_k 12, 5,416 B); the bytes reported also count each one's fixed projection R.
+(``configs/suites/lifelong_goals_*.yaml``) and two at about the levers' state bytes (one state of d_k 128, 5,324 B
+of state; eight routed states of d_k 12, 5,416 B); the bytes reported also count each one's fixed projection R.
 
 Learners: the delta rule (d_k 128) and its Q1 levers at the same 5,120 state bytes — forget gate (gated delta rule),
 weight decay (Titans' retention gate, momentum 0.01, d_k 64), 4 heads x d_k 32 — and the Hebbian pair, linear
@@ -43,14 +43,16 @@ from typing import Any
 
 import torch
 
-from benchmarks import lifelong_goals as goals
 from benchmarks import lifelong_icl as icl
 from benchmarks.harness import parser
 from cl_lightning.data import AssociativeRecall, PermutedMNIST
 from cl_lightning.data.stream import TaskStream
+from cl_lightning.learners import StableKeyMemory
+from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.memory.accounting import memory_bytes
 from cl_lightning.nn.fast_weights import DecayLinearAttention, DeltaRule, GatedDeltaRule, LinearAttention, Titans
 
+GOALS = {"sign keys, 1 state (d_k 1,000)": (1, 1000), "sign keys, 8 routed states (d_k 112)": (8, 112)}  # §3's
 MATCHED = {"sign keys, 1 state (d_k 128)": (1, 128), "sign keys, 8 routed states (d_k 12)": (8, 12)}  # ~5 KB
 METRICS = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
 COLUMNS = ["stream", "lever", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
@@ -71,6 +73,17 @@ def lever_specs(hidden: list[int]) -> list[tuple[str, Any]]:
         ("linear attention (Hebbian)", p("linear_attn", hidden, rule=LinearAttention(), key_dim=128)),
         ("Q1 forget gate on linear attention (decay)", p("decay", hidden, rule=DecayLinearAttention(), key_dim=128)),
     ]
+
+
+def stable_key_memory(label: str, hidden: list[int], lr: float, shape: tuple[int, int]) -> icl.Spec:
+    """A StableKeyMemory spec of ``shape`` = (routes, d_k) (formerly ``benchmarks.lifelong_goals.spec``)."""
+    routes, key_dim = shape
+
+    def make(stream: TaskStream) -> ContinualLearner:
+        return StableKeyMemory(input_shape=stream.input_shape, num_outputs=stream.num_outputs, hidden_sizes=hidden,
+                               routes=routes, key_dim=key_dim)  # fmt: skip
+
+    return icl.Spec(label, make, lr=lr)
 
 
 def _accuracy(pred: torch.Tensor, target: torch.Tensor) -> float:
@@ -147,13 +160,13 @@ def stream_specs(args: Any) -> dict[str, tuple[Callable[[int], TaskStream], list
     streams = {}
     if "AssociativeRecall" in args.streams:
         label = next(iter(MATCHED))  # StableKeyMemory, one state at about the levers' bytes (5,640 B at keys in R^128)
-        levers = [*lever_specs(hidden), (label, goals.spec(label, hidden, 1e-3, MATCHED[label]))]
+        levers = [*lever_specs(hidden), (label, stable_key_memory(label, hidden, 1e-3, MATCHED[label]))]
         streams["revise f 0.25"] = (recall(revise=True, change_fraction=0.25), levers)
         streams["revise f 1.0"] = (recall(revise=True, change_fraction=1.0), levers)
         streams["recur k 5"] = (recall(recur_every=recur), levers)
     if "PermutedMNIST" in args.streams:
-        levers = lever_specs(pm_hidden) + [(label, goals.spec(label, pm_hidden, 3e-4)) for label in goals.SETTINGS]
-        levers += [(label, goals.spec(label, pm_hidden, 3e-4, shape)) for label, shape in MATCHED.items()]
+        shapes = {**GOALS, **MATCHED}
+        levers = lever_specs(pm_hidden) + [(n, stable_key_memory(n, pm_hidden, 3e-4, s)) for n, s in shapes.items()]
         for _, spec in levers:
             spec.lr = 3e-4  # configs/delta_rule_pmnist.yaml
         streams["PermutedMNIST recur k 5"] = (pmnist, levers)

@@ -254,7 +254,7 @@ def test_gpu_check_script_is_valid_bash() -> None:
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
 
 
-def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
+def test_lifelong_reuse(tmp_path: Path) -> None:
     rows = _module("lifelong_reuse").main(["--small", "--out", str(tmp_path)])["rows"]
     assert len(rows) == 3 * 7  # three reuse streams x six levers and StableKeyMemory
     # StableKeyMemory's state, centroid and counter, and its fixed projection R (d_k 128 x 32 floats; keys in R^32)
@@ -266,11 +266,6 @@ def test_lifelong_reuse_and_goals(tmp_path: Path) -> None:
     assert all(
         math.isnan(r["first_visit"]) == math.isnan(r["before_first"]) == r["stream"].startswith("revise") for r in rows
     )
-    goals = _module("lifelong_goals").main(["--small", "--streams", "AssociativeRecall", "--out", str(tmp_path)])
-    # states, centroids and counter, then R (memory.accounting): with R counted neither setting fits 40 KB here
-    assert [r["bytes"] for r in goals["rows"]] == [1000 * 40 + 32 * 4 + 8 + 1000 * 32 * 4,
-                                                   8 * 112 * 40 + 8 * 32 * 4 + 8 + 112 * 32 * 4]  # fmt: skip
-    assert all(r["bytes"] > goals["budget"] for r in goals["rows"])
 
 
 def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def test_the_budget_table_and_the_crossover_from_logged_values(tmp_path: Path) -
     assert study["buffers"] == ["knn"]
     assert study["crossover"] == {1: 4096}
     text = budget_markdown(study)
-    assert "| AssociativeRecall | knn | 4,096 | 3,696 | 0.375 | 0.875 ± 0.125 |" in text
+    assert "| AssociativeRecall | knn | 4,096 | 3,696 | 0.375 ± 0.125 | 0.875 ± 0.125 |" in text
     assert text.rstrip().endswith("lag 1: 4,096 B")
     assert not math.isnan(study["cells"]["delta"][1024]["mean1"])
     out = tmp_path / "report"

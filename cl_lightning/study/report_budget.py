@@ -5,13 +5,14 @@ one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B. 
 row per experiment: the stream, the learner, B, the bytes it holds (``memory/budget_bytes`` after the last task,
 :func:`~cl_lightning.memory.accounting.memory_bytes`), the forward score after the last task (the last task's
 queries read from memory), and the live recall at each lag L logged apart (``eval/backward_acc/lag_L``, the data
-module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``), then the
+module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``); each
 mean ± population std over seeds (:func:`seed_mean_std`). A learner with a replay buffer (``memory_size`` in its
 saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
 which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
-if the rules stay ahead at the largest). ``budget.md`` holds the table and the crossovers, ``budget.json`` the cells
-(``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``), ``budget.png`` one panel per lag: recall against the
-bytes held, a line per learner (buffers dashed) with its ± std band.
+if the rules stay ahead at the largest; none is drawn for a suite of rules only, such as the goals suites
+``lifelong_goals_*``: one budget, the goal's, for every setting). ``budget.md`` holds the table and the crossovers,
+``budget.json`` the cells (``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``), ``budget.png`` one panel per
+lag: recall against the bytes held, a line per learner (buffers dashed) with its ± std band.
 """
 
 from __future__ import annotations
@@ -54,11 +55,26 @@ def holds_buffer(suite_dir: Path, experiment: str) -> bool:
 def cell(exp: Experiment, lags: Sequence[int]) -> dict[str, Any]:
     """One experiment's numbers: bytes held, forward after the last task, and ``mean{L}`` / ``std{L}`` per lag."""
     held, _, _ = last_value(exp.rows("memory/budget_bytes"))
-    forward, _, _ = last_value(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
-    out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held), "forward": forward}
+    out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held)}
+    forward = last_logged(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
+    out["forward"], out["forward_std"] = seed_mean_std(forward)
     out["seeds"] = len(exp.seeds)
     for lag in lags:
         out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
+    return out
+
+
+def last_logged(rows: np.ndarray) -> np.ndarray:
+    """Each seed's last logged value ``(S, 1)`` (NaN: none logged), for :func:`seed_mean_std`.
+
+    >>> last_logged(np.array([[0.5, 0.25, np.nan], [np.nan, np.nan, np.nan]])).tolist()
+    [[0.25], [nan]]
+    """
+    out = np.full((len(rows), 1), np.nan)
+    for i, row in enumerate(rows):
+        seen = row[~np.isnan(row)]
+        if seen.size:
+            out[i, 0] = seen[-1]
     return out
 
 
@@ -110,7 +126,8 @@ def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
         if holds_buffer(suite_dir, exp.name):
             buffers.add(exp.label)
     cells = {name: dict(sorted(by_budget.items())) for name, by_budget in cells.items()}
-    cross = {lag: crossover(cells, buffers, lag) for lag in lags}
+    both = 0 < len(buffers) < len(cells)  # a crossover needs buffer learners and rules (the goals: rules only)
+    cross = {lag: crossover(cells, buffers, lag) for lag in lags} if both else {}
     return {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
 
 
@@ -123,11 +140,14 @@ def budget_markdown(study: dict[str, Any]) -> str:
         for budget, c in by_budget.items():
             recall = (f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags)
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
-            row = [study["streams"][name], name, f"{budget:,}", held, _fmt(c["forward"]), *recall]
+            forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
+            row = [study["streams"][name], name, f"{budget:,}", held, forward, *recall]
             lines.append("| " + " | ".join(row) + " |")
+    if not study["crossover"]:
+        return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
     stream = ", ".join(sorted(set(study["streams"].values())))
-    buffers = ", ".join(study["buffers"]) or "none"
+    buffers = ", ".join(study["buffers"])
     return "\n".join([*lines, "", f"Crossover ({stream}; buffer learners: {buffers}): {cross}", ""])
 
 
@@ -145,8 +165,10 @@ def budget_figure(study: dict[str, Any], path: Path) -> None:
             m, s = np.array([c[f"mean{lag}"] for c in cells]), np.array([c[f"std{lag}"] for c in cells])
             line = ax.plot(x, m, ("--" if name in study["buffers"] else "-") + "o", ms=3, label=name)[0]
             ax.fill_between(x, m - s, m + s, color=line.get_color(), alpha=0.12)
-        cross = study["crossover"][lag]
-        ax.set_title(f"lag {lag} (crossover: {'none' if cross is None else f'{cross:,} B'})")
+        title, cross = f"lag {lag}", study["crossover"].get(lag)
+        if lag in study["crossover"]:
+            title += f" (crossover: {'none' if cross is None else f'{cross:,} B'})"
+        ax.set_title(title)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context memory bytes held")
     axes[0].set_ylabel("live recall (mean ± std over seeds)")
