@@ -26,7 +26,7 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
-SlotRole = Literal["forward", "backward", "lag", "matrix", "final"]
+SlotRole = Literal["forward", "backward", "lag", "matrix", "final", "written", "unseen"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 
 
@@ -88,7 +88,9 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     - ``"backward"``: ``eval/backward_{m}`` (an earlier task; several lags log under one name and are averaged);
     - ``"lag"``: ``eval/backward_{m}/lag_{L}`` (task t − L, each lag under its own name: recall at several lags);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
-    - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream).
+    - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream);
+    - ``"written"``: ``eval/written_{m}`` (the current task's written keys, clean: recall of what it wrote);
+    - ``"unseen"``: ``eval/unseen_{m}`` (the current task's held-out keys of its rule, never written: the P1 probe).
 
     >>> metric_key(EvalSlot("matrix", 7), "acc", "live")
     'eval/live_acc_matrix/task_7'
@@ -98,8 +100,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     'eval/backward_live_acc/lag_20'
     """
     m = metric if reading is None else f"{reading}_{metric}"
-    if slot.role == "forward":
-        return f"eval/forward_{m}"
+    if slot.role in ("forward", "written", "unseen"):
+        return f"eval/{slot.role}_{m}"
     if slot.role == "backward":
         return f"eval/backward_{m}"
     if slot.role == "lag":
@@ -119,7 +121,7 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     >>> parse_metric_key("eval/backward_acc/lag_5", "acc")
     EvalSlot(role='lag', task=5)
     """
-    for role in ("forward", "backward"):
+    for role in ("forward", "backward", "written", "unseen"):
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
     for role in ("lag", "matrix", "final"):
@@ -143,7 +145,7 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "lag", "matrix", "final"):
+    for role in ("forward", "backward", "written", "unseen", "lag", "matrix", "final"):
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
         tail = tail[:-1] if role in ("lag", "matrix", "final") else tail  # the task's (lag's) digits vary
@@ -233,6 +235,17 @@ class EpisodeSource(Protocol):
 
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
         """Epoch ``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
+        ...
+
+
+@runtime_checkable
+class WrittenKeysSource(EpisodeSource, Protocol):
+    """A data module whose stream writes keys (``AssociativeRecall``): the P1 probe's references read them."""
+
+    num_outputs: int
+
+    def written_episode(self, task: int) -> Episode:
+        """Evaluated task ``task``'s written keys (clean) and their values as queries."""
         ...
 
 

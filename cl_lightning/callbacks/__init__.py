@@ -5,5 +5,13 @@ from cl_lightning.callbacks.forgetting import ForgettingMonitor
 from cl_lightning.callbacks.hessian import HessianMonitor
 from cl_lightning.callbacks.plasticity import PlasticityMonitor
 from cl_lightning.callbacks.progress import TaskProgressBar
+from cl_lightning.callbacks.rule_reference import RuleReferenceMonitor
 
-__all__ = ["CostMonitor", "ForgettingMonitor", "HessianMonitor", "PlasticityMonitor", "TaskProgressBar"]
+__all__ = [
+    "CostMonitor",
+    "ForgettingMonitor",
+    "HessianMonitor",
+    "PlasticityMonitor",
+    "RuleReferenceMonitor",
+    "TaskProgressBar",
+]

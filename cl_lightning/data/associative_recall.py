@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from cl_lightning.contract import Episode
 from cl_lightning.data.stream import TaskData, TaskStream, task_generator
 
 
@@ -136,6 +137,12 @@ class AssociativeRecall(TaskStream):
         gen = task_generator(self.seed, self.map_of(task), salt=17)
         rule = torch.randn(self.num_outputs, self.input_shape[0], generator=gen)  # A_t, (C, D)
         return (keys @ rule.T).argmax(-1)
+
+    def written_episode(self, task: int, context_size: int) -> Episode:
+        """The task's items as queries (clean keys and their values), the first ``context_size`` training examples
+        as context: recall of what the task wrote."""
+        data, (keys, values) = self.task(task), self.items(task)
+        return Episode(data.train_x[:context_size], data.train_y[:context_size], keys, values)
 
     def unseen_keys(self, task: int) -> torch.Tensor:
         """``rule=True``: the task's held-out query keys, fresh draws never written, (query_size, input_dim)."""

@@ -16,6 +16,11 @@ Evaluation after task ``t``:
   (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
   lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
   own memory);
+- **written / unseen** (optional, ``recall_probe_from``): after each evaluated task from that one on, the task's
+  written keys (the stream's :meth:`~cl_lightning.data.stream.TaskStream.written_episode`: the clean keys its
+  examples copy, ``eval/written_acc``) and its held-out queries again (``eval/unseen_acc``: on
+  ``AssociativeRecall(rule=True)`` fresh keys of the task's rule, never written), each under its own name: the P1
+  probe (does the memory hold the rule, or only the pairs?), read from memory with ``context_size: 0``;
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 
@@ -93,7 +98,10 @@ class EpisodeDataset(IterableDataset):
     def __iter__(self) -> Iterator[EvalBatch]:
         """The episodes, their tasks and the slots the learner logs their scores under."""
         for task, slots in self.items:
-            episode = self.stream.episode(self.offset + task, self.context_size, self.queries)
+            if slots[0].role == "written":  # its own episode: the task's written keys as queries
+                episode = self.stream.written_episode(self.offset + task, self.context_size)
+            else:
+                episode = self.stream.episode(self.offset + task, self.context_size, self.queries)
             yield EvalBatch(episode, task, tuple(slots))
 
 
@@ -114,6 +122,9 @@ class StreamDataModule(LightningDataModule):
         lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
             ``eval/backward_{acc,mse}/lag_L`` (none by default).
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
+        recall_probe_from: After each evaluated task from this one on, also score the task's written keys
+            (``eval/written_{acc,mse}``) and its held-out queries (``eval/unseen_{acc,mse}``), each under its own
+            name (``None``: never). Needs a stream that writes keys (``AssociativeRecall``).
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
@@ -133,6 +144,7 @@ class StreamDataModule(LightningDataModule):
         steps_per_batch: int = 1,
         lags: list[int] | None = None,
         lag_tasks: int | None = None,
+        recall_probe_from: int | None = None,
     ) -> None:
         super().__init__()
         if steps_per_batch < 1:
@@ -154,6 +166,9 @@ class StreamDataModule(LightningDataModule):
         if lag_tasks is not None and lag_tasks < 1:
             raise ValueError(f"lag_tasks must be positive or null, got {lag_tasks}")
         self.lag_tasks = lag_tasks
+        if recall_probe_from is not None and recall_probe_from < 0:
+            raise ValueError(f"recall_probe_from must be >= 0 or null, got {recall_probe_from}")
+        self.recall_probe_from = recall_probe_from
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = backward, num_workers
@@ -242,6 +257,13 @@ class StreamDataModule(LightningDataModule):
             raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
         return self.stream.episode(self.warmup_tasks + task, self.context_size, num_queries)
 
+    def written_episode(self, task: int) -> Episode:
+        """Evaluated task ``task``'s written keys as queries (the stream's
+        :meth:`~cl_lightning.data.stream.TaskStream.written_episode`), with the data module's context, on the CPU."""
+        if not 0 <= task < self.num_evaluated_tasks:
+            raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
+        return self.stream.written_episode(self.warmup_tasks + task, self.context_size)
+
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
         """Stream task ``task``'s (epoch ``task``'s) whole training portion in arrival order, chunk by chunk, cut after
         ``max_examples`` (every rank sees all of it: a task-aware learner such as EWC computes the same statistics
@@ -271,7 +293,10 @@ class StreamDataModule(LightningDataModule):
         if task in self.probe_tasks:
             for j in self.probe_tasks:
                 items.setdefault(j, []).append(EvalSlot("matrix", j))
-        return sorted(items.items())
+        if self.recall_probe_from is None or task < self.recall_probe_from:
+            return sorted(items.items())
+        items[task].append(EvalSlot("unseen"))  # the forward episode's queries, under their own name
+        return [*sorted(items.items()), (task, [EvalSlot("written")])]  # a separate episode: the written keys
 
     def _episodes(self, items: list[tuple[int, list[EvalSlot]]]) -> DataLoader:
         dataset = EpisodeDataset(self.stream, items, self.context_size, self.eval_queries)

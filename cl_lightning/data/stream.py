@@ -140,3 +140,9 @@ class TaskStream(ABC):
         data = self.task(task)
         n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
         return Episode(data.train_x[:context_size], data.train_y[:context_size], data.query_x[:n_q], data.query_y[:n_q])
+
+    def written_episode(self, task: int, context_size: int) -> Episode:
+        """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as
+        queries, the clean keys the task's examples are noisy copies of, with their values (recall of what was
+        written). Only a stream that writes keys has them (:class:`~cl_lightning.data.AssociativeRecall`)."""
+        raise ValueError(f"{type(self).__name__} writes no keys: it has no written-keys episode")

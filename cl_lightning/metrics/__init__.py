@@ -1,4 +1,5 @@
-"""Pure metric functions: accuracy-matrix CL metrics, representation ranks, dead units and Hessian spectra."""
+"""Pure metric functions: accuracy-matrix CL metrics, representation ranks, dead units, Hessian spectra and the P1
+probe's references."""
 
 from cl_lightning.metrics.dead_units import dead_unit_fraction, dormant_unit_fraction, weight_magnitude
 from cl_lightning.metrics.effective_rank import effective_rank, entropy_effective_rank, srank
@@ -22,6 +23,7 @@ from cl_lightning.metrics.hessian import (
     make_hvp,
     summed_hvp,
 )
+from cl_lightning.metrics.rule_reference import least_squares_accuracy, nearest_pair_accuracy
 from cl_lightning.metrics.slq import slq_effective_rank, slq_spectral_density
 
 __all__ = [
@@ -42,7 +44,9 @@ __all__ = [
     "hvp_hessian",
     "intransigence",
     "lanczos_eigvals",
+    "least_squares_accuracy",
     "make_hvp",
+    "nearest_pair_accuracy",
     "slq_effective_rank",
     "slq_spectral_density",
     "srank",

@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text += "\n" + budget if budget else ""
     (out / "table.md").write_text(text)
     windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
-    windows += ["budget.md", "budget.json", "budget.png"] if budget else []
+    windows += [f for f in ("budget.md", "budget.json", "budget.png") if budget and (out / f).exists()]
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))

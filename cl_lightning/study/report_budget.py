@@ -10,9 +10,14 @@ mean ± population std over seeds (:func:`seed_mean_std`). A learner with a repl
 saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
 which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
 if the rules stay ahead at the largest; none is drawn for a suite of rules only, such as the goals suites
-``lifelong_goals_*``: one budget, the goal's, for every setting). ``budget.md`` holds the table and the crossovers,
-``budget.json`` the cells (``{"cells": {learner: {B: cell}}, "crossover": {L: B}}``), ``budget.png`` one panel per
-lag: recall against the bytes held, a line per learner (buffers dashed) with its ± std band.
+``lifelong_goals_*``: one budget, the goal's, for every setting). A suite whose runs log the P1 probe (the data
+module's ``recall_probe_from``: ``eval/written_acc``, ``eval/unseen_acc``, the ``lifelong_rule_*`` suites) gets a
+column for each, per seed the mean over the tasks it was logged after, mean ± std over seeds as the lags, and, when
+its runs log the two references (``RuleReferenceMonitor``: ``reference/*_acc``), a row for each on the unseen keys
+over the same tasks, read from the first experiment that logged them (every run of a seed has the same stream).
+``budget.md`` holds the table and the crossovers, ``budget.json`` the cells (``{"cells": {learner: {B: cell}},
+"crossover": {L: B}}``, and ``"references"`` when logged), ``budget.png`` one panel per lag (when lags are logged):
+recall against the bytes held, a line per learner (buffers dashed) with its ± std band.
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
 from cl_lightning.study.results import Experiment, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
+PROBES = {"written": "written keys", "unseen": "unseen keys (rule)"}  # the P1 probe's slots and their columns
+REFERENCES = {  # the P1 probe's references (callbacks.RuleReferenceMonitor) and their rows
+    "reference/least_squares_acc": "least squares on the task's examples",
+    "reference/nearest_pair_acc": "nearest written pair (1-NN, unbounded)",
+}
 
 
 def lags_of(experiments: Sequence[Experiment]) -> list[int]:
@@ -44,6 +54,27 @@ def lags_of(experiments: Sequence[Experiment]) -> list[int]:
     return sorted(found)
 
 
+def probes_of(experiments: Sequence[Experiment]) -> list[str]:
+    """The P1 probe's slots (``written``, ``unseen``) any experiment logged, in :data:`PROBES`' order."""
+    slots = (parse_metric_key(tag, exp.metric) for exp in experiments for tag in exp.curves)
+    logged = {slot.role for slot in slots if slot is not None}
+    return [role for role in PROBES if role in logged]
+
+
+def references(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
+    """Each reference's unseen-key accuracy over the tasks the P1 probe scored (``eval/unseen_<m>`` logged), from
+    the first experiment that logged the references: ``{label: {"stream", "unseen", "unseen_std"}}``."""
+    for exp in experiments:
+        if all(tag in exp.curves for tag in REFERENCES):
+            scored = ~np.isnan(exp.rows(metric_key(EvalSlot("unseen"), exp.metric)))
+            out = {}
+            for tag, label in REFERENCES.items():
+                mean, std = seed_mean_std(np.where(scored, exp.rows(tag), np.nan))
+                out[label] = {"stream": exp.stream or "", "unseen": mean, "unseen_std": std}
+            return out
+    return {}
+
+
 def holds_buffer(suite_dir: Path, experiment: str) -> bool:
     """Whether the experiment's learner keeps a replay buffer (its saved config sets ``memory_size``)."""
     for config in sorted((suite_dir / experiment).glob("seed_*/config.yaml")):
@@ -52,8 +83,9 @@ def holds_buffer(suite_dir: Path, experiment: str) -> bool:
     return False
 
 
-def cell(exp: Experiment, lags: Sequence[int]) -> dict[str, Any]:
-    """One experiment's numbers: bytes held, forward after the last task, and ``mean{L}`` / ``std{L}`` per lag."""
+def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = ()) -> dict[str, Any]:
+    """One experiment's numbers: bytes held, forward after the last task, ``mean{L}`` / ``std{L}`` per lag and
+    ``{probe}`` / ``{probe}_std`` per P1 probe slot."""
     held, _, _ = last_value(exp.rows("memory/budget_bytes"))
     out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held)}
     forward = last_logged(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
@@ -61,6 +93,8 @@ def cell(exp: Experiment, lags: Sequence[int]) -> dict[str, Any]:
     out["seeds"] = len(exp.seeds)
     for lag in lags:
         out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
+    for probe in probes:
+        out[probe], out[f"{probe}_std"] = seed_mean_std(exp.rows(metric_key(EvalSlot(probe), exp.metric)))
     return out
 
 
@@ -115,30 +149,35 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
     """The cells by learner (experiment label) and budget, the buffer learners, the lags and the crossovers."""
-    budgets, lags = meta.get("budgets") or {}, lags_of(experiments)
+    budgets, lags, probes = meta.get("budgets") or {}, lags_of(experiments), probes_of(experiments)
     cells: dict[str, dict[int, dict[str, Any]]] = {}
     streams, buffers = {}, set()
     for exp in experiments:
         if exp.name not in budgets:
             continue
-        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {"experiment": exp.name, **cell(exp, lags)}
+        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {"experiment": exp.name, **cell(exp, lags, probes)}
         streams[exp.label] = exp.stream or ""
         if holds_buffer(suite_dir, exp.name):
             buffers.add(exp.label)
     cells = {name: dict(sorted(by_budget.items())) for name, by_budget in cells.items()}
     both = 0 < len(buffers) < len(cells)  # a crossover needs buffer learners and rules (the goals: rules only)
     cross = {lag: crossover(cells, buffers, lag) for lag in lags} if both else {}
-    return {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
+    study = {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
+    return {**study, "probes": probes, "references": references(experiments) if "unseen" in probes else {}}
 
 
 def budget_markdown(study: dict[str, Any]) -> str:
     """The budget table (a row per learner and budget) and the crossover line."""
-    lags = study["lags"]
-    head = [*COLUMNS, *(f"lag {lag}" for lag in lags)]
+    lags, probes = study["lags"], study.get("probes", [])
+    head = [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
+        row = [ref["stream"], name, *["-"] * (len(head) - 3), f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"]
+        lines.append("| " + " | ".join(row) + " |")
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
-            recall = (f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags)
+            recall = [f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags]
+            recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in probes]
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
             forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
             row = [study["streams"][name], name, f"{budget:,}", held, forward, *recall]
@@ -187,6 +226,7 @@ def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
     text = budget_markdown(study)
     (out / "budget.md").write_text(text)
     saved = {"cells": study["cells"], "buffers": study["buffers"], "crossover": study["crossover"]}
+    saved |= {"references": study["references"]} if study["references"] else {}
     (out / "budget.json").write_text(json.dumps(saved, indent=1))
     if study["lags"]:
         budget_figure(study, out / "budget.png")
