@@ -20,8 +20,8 @@ One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_TH
 
 writes ``scorecard.json``, ``tables.md``, one PNG per property and ``ablation.png`` under ``--out``, beside the
 harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). Its helpers
-(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_reuse`` and ``lifelong_rule`` too (the
-budget curves and the goals run through the package: ``configs/suites/lifelong_{budget,goals}_*.yaml``).
+(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_reuse`` too (the budget curves, the
+goals and the P1 probe run through the package: ``configs/suites/lifelong_{budget,goals,rule}_*.yaml``).
 """
 
 from __future__ import annotations

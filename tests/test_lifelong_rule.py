@@ -145,10 +145,9 @@ def test_the_budget_table_has_a_column_per_probe(tmp_path: Path) -> None:
     assert text.index("nearest written pair (1-NN, unbounded) | - | - | - | - | 0.250 ± 0.000 |") < text.index("delta")
 
 
-@pytest.mark.slow  # one 10-task rule fit: ~20 s
 def test_a_rule_cell_regenerates_the_benchmark_seed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The delta rule at n = 8, seed 0, through the suite's own arguments: the former benchmark's seed-0 values
-    (benchmarks/lifelong_rule.run: written and unseen keys, mean over tasks 2-9)."""
+    """The delta rule at n = 8, seed 0, through the suite's own arguments (one 10-task fit, ~3 s): the former
+    benchmark's seed-0 values (benchmarks/lifelong_rule.run: written and unseen keys, mean over tasks 2-9)."""
     monkeypatch.chdir(ROOT)
     trial = next(t for t in load_suite(SUITES[8]).trials if t.name == "delta_rule" and t.seed == 0)
     cli = cli_main([*trial.fit_args(tmp_path)[1:], "--callbacks.checkpoint=null"], run=False)
