@@ -26,7 +26,7 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
-SlotRole = Literal["forward", "backward", "lag", "matrix", "final"]
+SlotRole = Literal["forward", "backward", "lag", "return", "matrix", "final"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 
 
@@ -64,7 +64,7 @@ class Episode(NamedTuple):
 
 class EvalSlot(NamedTuple):
     """One reason to evaluate an episode: its ``role`` and, for ``"matrix"`` and ``"final"``, the probe task, for
-    ``"lag"`` the lag."""
+    ``"lag"`` the lag, for ``"return"`` the times the task's map was shown before."""
 
     role: SlotRole
     task: int = -1
@@ -87,6 +87,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     - ``"forward"``: ``eval/forward_{m}`` (the current task, after training it);
     - ``"backward"``: ``eval/backward_{m}`` (an earlier task; several lags log under one name and are averaged);
     - ``"lag"``: ``eval/backward_{m}/lag_{L}`` (task t − L, each lag under its own name: recall at several lags);
+    - ``"return"``: ``eval/return_{m}/visit_{n}`` (on a stream whose maps recur, the next task's queries before it
+      is shown: its map was shown ``n`` times before, 0 for a map not yet seen);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
     - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream).
 
@@ -104,6 +106,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
         return f"eval/backward_{m}"
     if slot.role == "lag":
         return f"eval/backward_{m}/lag_{slot.task}"
+    if slot.role == "return":
+        return f"eval/return_{m}/visit_{slot.task}"
     if slot.role == "matrix":
         return f"eval/{m}_matrix/task_{slot.task}"
     return f"test/{m}/task_{slot.task}"
@@ -118,11 +122,13 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     True
     >>> parse_metric_key("eval/backward_acc/lag_5", "acc")
     EvalSlot(role='lag', task=5)
+    >>> parse_metric_key("eval/return_acc/visit_1", "acc")
+    EvalSlot(role='return', task=1)
     """
     for role in ("forward", "backward"):
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
-    for role in ("lag", "matrix", "final"):
+    for role in ("lag", "return", "matrix", "final"):
         head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
         tail = key.removeprefix(head)
         if tail != key and tail.isdigit():
@@ -143,10 +149,10 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "lag", "matrix", "final"):
+    for role in ("forward", "backward", "lag", "return", "matrix", "final"):
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
-        tail = tail[:-1] if role in ("lag", "matrix", "final") else tail  # the task's (lag's) digits vary
+        tail = tail[:-1] if role in ("lag", "return", "matrix", "final") else tail  # the task's (lag's) digits vary
         rest = key.removeprefix(head)
         cut = rest.rfind(tail)
         if rest != key and cut > 0:

@@ -16,6 +16,10 @@ Evaluation after task ``t``:
   (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
   lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
   own memory);
+- **returns** (optional, ``returns``, on a stream whose maps recur every k tasks, ``stream.recur_every``): the
+  episode of task ``t + 1``, the next map, scored *before* it is shown, under ``eval/return_{acc,mse}/visit_n``
+  where n is the times its map was shown before (0: not yet seen; 1: its first return…): what the learner kept of
+  a returning map;
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 
@@ -114,6 +118,8 @@ class StreamDataModule(LightningDataModule):
         lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
             ``eval/backward_{acc,mse}/lag_L`` (none by default).
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
+        returns: Score the next task's episode before it is shown, by the times its map was shown before
+            (``eval/return_{m}/visit_n``); the stream must recur (``recur_every`` set).
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
@@ -133,6 +139,7 @@ class StreamDataModule(LightningDataModule):
         steps_per_batch: int = 1,
         lags: list[int] | None = None,
         lag_tasks: int | None = None,
+        returns: bool = False,
     ) -> None:
         super().__init__()
         if steps_per_batch < 1:
@@ -154,6 +161,9 @@ class StreamDataModule(LightningDataModule):
         if lag_tasks is not None and lag_tasks < 1:
             raise ValueError(f"lag_tasks must be positive or null, got {lag_tasks}")
         self.lag_tasks = lag_tasks
+        self.recur_every: int | None = getattr(stream, "recur_every", None) if returns else None
+        if returns and self.recur_every is None:
+            raise ValueError(f"returns needs a stream whose maps recur (recur_every set), got {type(stream).__name__}")
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = backward, num_workers
@@ -268,6 +278,9 @@ class StreamDataModule(LightningDataModule):
             for lag in self.lags:
                 if task >= lag:
                     items.setdefault(task - lag, []).append(EvalSlot("lag", lag))
+        if self.recur_every is not None and task + 1 < self.num_evaluated_tasks:
+            visits = (self.warmup_tasks + task + 1) // self.recur_every  # showings of task t + 1's map so far
+            items.setdefault(task + 1, []).append(EvalSlot("return", visits))
         if task in self.probe_tasks:
             for j in self.probe_tasks:
                 items.setdefault(j, []).append(EvalSlot("matrix", j))
