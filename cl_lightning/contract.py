@@ -26,7 +26,7 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
-SlotRole = Literal["forward", "backward", "lag", "return", "matrix", "final"]
+SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 
 
@@ -89,6 +89,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     - ``"lag"``: ``eval/backward_{m}/lag_{L}`` (task t − L, each lag under its own name: recall at several lags);
     - ``"return"``: ``eval/return_{m}/visit_{n}`` (on a stream whose maps recur, the next task's queries before it
       is shown: its map was shown ``n`` times before, 0 for a map not yet seen);
+    - ``"revised"`` / ``"stale"``: ``eval/revised_{m}`` / ``eval/stale_{m}`` (on a stream that revises values, the
+      current task's queries of the keys revised at this task, against the new value / the old one);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
     - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream).
 
@@ -102,8 +104,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     m = metric if reading is None else f"{reading}_{metric}"
     if slot.role == "forward":
         return f"eval/forward_{m}"
-    if slot.role == "backward":
-        return f"eval/backward_{m}"
+    if slot.role in ("backward", "revised", "stale"):
+        return f"eval/{slot.role}_{m}"
     if slot.role == "lag":
         return f"eval/backward_{m}/lag_{slot.task}"
     if slot.role == "return":
@@ -125,7 +127,7 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     >>> parse_metric_key("eval/return_acc/visit_1", "acc")
     EvalSlot(role='return', task=1)
     """
-    for role in ("forward", "backward"):
+    for role in ("forward", "backward", "revised", "stale"):
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
     for role in ("lag", "return", "matrix", "final"):
@@ -149,7 +151,7 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "lag", "return", "matrix", "final"):
+    for role in ("forward", "backward", "revised", "stale", "lag", "return", "matrix", "final"):
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
         tail = tail[:-1] if role in ("lag", "return", "matrix", "final") else tail  # the task's (lag's) digits vary

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from helpers import CONFIGS, ROOT
 
 from cl_lightning.contract import EvalSlot
 from cl_lightning.data import AssociativeRecall
-from cl_lightning.data.datamodule import StreamDataModule
+from cl_lightning.data.datamodule import EpisodeDataset, StreamDataModule
 from cl_lightning.memory.accounting import memory_bytes
 from cl_lightning.run.cli import main as cli_main
 from cl_lightning.study.report import read_scalars
@@ -19,7 +20,7 @@ from cl_lightning.study.report_reuse import reuse_cell, reuse_markdown, reuse_st
 from cl_lightning.study.results import Experiment
 from cl_lightning.study.suite import load_suite
 
-SUITES = {s: CONFIGS / "suites" / f"lifelong_reuse_{s}.yaml" for s in ("recall", "pmnist")}
+SUITES = {s: CONFIGS / "suites" / f"lifelong_reuse_{s}.yaml" for s in ("recall", "pmnist", "revise")}
 # the state bytes by label: the levers' as the committed tables (docs/results/lifelong_icl/reuse*.md); StableKeyMemory's
 # with its fixed projection R counted (memory.accounting, as §3's goals table), which those tables, older, left out:
 # they give 5,640 (recall), 40,204, 37,416, 5,324 and 5,416 (Permuted MNIST), R's d_in x d_k floats less
@@ -33,6 +34,11 @@ LEVERS = {
 }
 BYTES = {
     "recall": {**LEVERS, "sign keys, 1 state (d_k 128)": 71_176},
+    "revise": {
+        f"{label}, f {f}": held
+        for f in ("0.25", "1.0")
+        for label, held in {**LEVERS, "sign keys, 1 state (d_k 128)": 71_176}.items()
+    },
     "pmnist": {
         **LEVERS,
         "sign keys, 1 state (d_k 1,000)": 236_204,
@@ -68,6 +74,50 @@ def test_returns_needs_a_recurring_stream() -> None:
         StreamDataModule(_stream(None), returns=True)
 
 
+def _revising() -> AssociativeRecall:
+    return AssociativeRecall(num_tasks=7, num_items=4, input_dim=8, train_size=16, query_size=32, chunk_size=8,
+                             revise=True, change_fraction=0.5)  # fmt: skip
+
+
+def test_a_revision_episode_holds_the_revised_keys_queries_with_new_or_old_answers() -> None:
+    stream = _revising()
+    for task in range(1, 7):
+        slots = stream.slots(task)[stream.train_size :]
+        revised = (stream.born(task) == task)[slots]
+        new, old = (stream.revision_episode(task, 0, None, answer) for answer in ("new", "old"))
+        assert torch.equal(new.query_x, stream.task(task).query_x[revised])
+        assert torch.equal(new.query_y, stream.items(task)[1][slots][revised])
+        assert torch.equal(old.query_y, stream.items(task - 1)[1][slots][revised])
+        assert not (new.query_y == old.query_y).any()  # a revised key's value changes
+    with pytest.raises(ValueError, match="revise"):
+        _stream().revision_episode(1, 0)
+
+
+def test_revisions_score_each_task_but_the_first_on_episodes_of_their_own() -> None:
+    dm = StreamDataModule(_revising(), context_size=0, num_probe_tasks=0, revisions=True)
+    assert all(s.role not in ("revised", "stale") for _, slots in dm.eval_items(0) for s in slots)
+    items = dm.eval_items(3)
+    assert set(items[-1][1]) == {EvalSlot("forward"), EvalSlot("revised"), EvalSlot("stale")}
+    batches = list(EpisodeDataset(dm.stream, items, 0, None))
+    assert len(batches) == len(EpisodeDataset(dm.stream, items, 0, None))
+    by_slot = {b.slots: b for b in batches if b.task == 3}
+    assert set(by_slot) == {(EvalSlot("forward"),), (EvalSlot("revised"),), (EvalSlot("stale"),)}
+    assert by_slot[(EvalSlot("revised"),)].episode.query_x.shape[0] < 32
+    with pytest.raises(ValueError, match="revise"):
+        StreamDataModule(_stream(), revisions=True)
+
+
+def test_the_reuse_table_reads_revised_and_stale_from_task_5_on() -> None:
+    exp = Experiment("decay_f1", "Q1 forget gate on linear attention (decay), f 1.0", 7, "acc")
+    nan = np.nan
+    exp.add(0, {"eval/forward_acc": np.full(7, 0.5), "eval/revised_acc": np.array([nan, 0, 0, 0, 0, 0.5, 1]),
+                "eval/stale_acc": np.array([nan, 1, 1, 1, 1, 0.25, 0.0])}, {})  # fmt: skip
+    c = reuse_cell(exp)
+    assert (c["forward"], c["revised"], c["stale"]) == (0.5, 0.75, 0.125)
+    assert np.isnan(c["first_visit"])
+    assert "| 0.500 ± 0.000 | 0.750 ± 0.000 | 0.125 ± 0.000 | - | - | - | - |" in reuse_markdown(reuse_study([exp]))
+
+
 def test_the_reuse_table_reads_forward_first_visit_and_returns() -> None:
     """k = 3 over 7 tasks: before first visit from visit 0, first visit from forward at tasks 0 .. k-1, the first and
     the last return from visits 1 and 2, forward from task 5 on; mean ± population std over seeds."""
@@ -88,7 +138,7 @@ def test_the_reuse_table_reads_forward_first_visit_and_returns() -> None:
     assert c["return_first"] == pytest.approx(0.3333333)
     assert c["return_last"] == 0.75
     text = reuse_markdown(reuse_study([exp]))
-    row = "| AssociativeRecall | delta rule (d_k 128) | 5,120 | 0.375 ± 0.125 | 0.200 ± 0.000 | 0.375 ± 0.125 |"
+    row = "| AssociativeRecall | delta rule (d_k 128) | 5,120 | 0.375 ± 0.125 | - | - | 0.200 ± 0.000 | 0.375 ± 0.125 |"
     assert row in text
     assert reuse_study([Experiment("x", "x", 7, "acc")]) == {}  # no return scores: no reuse table
 
@@ -103,10 +153,13 @@ def test_the_reuse_suites_run_the_committed_levers_at_their_bytes(stream: str, m
     held = {}
     for trial in [t for t in suite.trials if t.seed == 0]:
         cli = cli_main(trial.fit_args(ROOT / "logs" / "unused")[1:], run=False)
-        assert (cli.datamodule.recur_every, cli.datamodule.num_tasks) == (5, 25)
+        assert cli.datamodule.num_tasks == 25
+        assert cli.datamodule.recur_every == (None if stream == "revise" else 5)
+        assert cli.datamodule.revisions == (stream == "revise")
         held[suite.labels[trial.name]] = memory_bytes(cli.model).budget
     assert held == BYTES[stream]
-    assert EvalSlot("return", 1) in {s for _, slots in cli.datamodule.eval_items(5) for s in slots}
+    role = "revised" if stream == "revise" else "return"
+    assert role in {s.role for _, slots in cli.datamodule.eval_items(5) for s in slots}
 
 
 @pytest.mark.slow  # one AssociativeRecall fit: ~25 s

@@ -20,6 +20,9 @@ Evaluation after task ``t``:
   episode of task ``t + 1``, the next map, scored *before* it is shown, under ``eval/return_{acc,mse}/visit_n``
   where n is the times its map was shown before (0: not yet seen; 1: its first return…): what the learner kept of
   a returning map;
+- **revisions** (optional, ``revisions``, on a stream that revises values, ``stream.revise``): the current task's
+  queries of the keys revised at this task, against their new value (``eval/revised_{m}``) and their old one
+  (``eval/stale_{m}``: the share still answered with the old value), after every task but the stream's first;
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 
@@ -77,6 +80,10 @@ class ChunkDataset(IterableDataset):
             )
 
 
+REVISION = ("revised", "stale")
+"""Slots scored on an episode of their own: the task's queries of its revised keys (``revision_episode``)."""
+
+
 class EpisodeDataset(IterableDataset):
     """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``.
 
@@ -91,14 +98,20 @@ class EpisodeDataset(IterableDataset):
         self.offset = stream.warmup_tasks  # evaluated task e is stream task offset + e
 
     def __len__(self) -> int:
-        """Number of episodes."""
-        return len(self.items)
+        """Number of episodes: one per task, and one per revision slot (its own queries and answers)."""
+        return sum(any(s.role not in REVISION for s in slots) + sum(s.role in REVISION for s in slots)
+                   for _, slots in self.items)  # fmt: skip
 
     def __iter__(self) -> Iterator[EvalBatch]:
         """The episodes, their tasks and the slots the learner logs their scores under."""
         for task, slots in self.items:
-            episode = self.stream.episode(self.offset + task, self.context_size, self.queries)
-            yield EvalBatch(episode, task, tuple(slots))
+            plain = tuple(s for s in slots if s.role not in REVISION)
+            if plain:
+                yield EvalBatch(self.stream.episode(self.offset + task, self.context_size, self.queries), task, plain)
+            for slot in (s for s in slots if s.role in REVISION):
+                answer = "old" if slot.role == "stale" else "new"
+                episode = self.stream.revision_episode(self.offset + task, self.context_size, self.queries, answer)
+                yield EvalBatch(episode, task, (slot,))
 
 
 def _identity(item: Any) -> Any:
@@ -120,6 +133,8 @@ class StreamDataModule(LightningDataModule):
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
         returns: Score the next task's episode before it is shown, by the times its map was shown before
             (``eval/return_{m}/visit_n``); the stream must recur (``recur_every`` set).
+        revisions: Score the current task's revised keys against their new and their old values
+            (``eval/revised_{m}``, ``eval/stale_{m}``); the stream must revise (``revise`` set).
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
@@ -140,6 +155,7 @@ class StreamDataModule(LightningDataModule):
         lags: list[int] | None = None,
         lag_tasks: int | None = None,
         returns: bool = False,
+        revisions: bool = False,
     ) -> None:
         super().__init__()
         if steps_per_batch < 1:
@@ -164,6 +180,9 @@ class StreamDataModule(LightningDataModule):
         self.recur_every: int | None = getattr(stream, "recur_every", None) if returns else None
         if returns and self.recur_every is None:
             raise ValueError(f"returns needs a stream whose maps recur (recur_every set), got {type(stream).__name__}")
+        if revisions and not getattr(stream, "revise", False):
+            raise ValueError(f"revisions needs a stream that revises values (revise set), got {type(stream).__name__}")
+        self.revisions = revisions
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = backward, num_workers
@@ -271,6 +290,8 @@ class StreamDataModule(LightningDataModule):
         if task is None:
             return []
         items: dict[int, list[EvalSlot]] = {task: [EvalSlot("forward")]}
+        if self.revisions and self.warmup_tasks + task >= 1:  # the stream's first task revises nothing
+            items[task] += [EvalSlot("revised"), EvalSlot("stale")]
         for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
             if task >= lag:
                 items.setdefault(task - lag, []).append(EvalSlot("backward"))

@@ -1,13 +1,17 @@
-"""The reuse study's section of the report: what a learner keeps of a map that returns (issue 24, streams that reuse
-keys).
+"""The reuse study's section of the report: what a learner does with keys that come back (issue 24, streams that
+reuse keys): a value revised, a map that returns.
 
 On a stream whose maps recur every k tasks (``recur_every``), the data module's ``returns`` scores the next task's
-queries before it is shown (``eval/return_{m}/visit_n``, n = the times its map was shown before). From the event
-files this writes one row per experiment that logged such scores: the stream, the learner (its label), the bytes it
-holds (``memory/budget_bytes`` after the last task), and, each per seed then mean ± population std over seeds
-(:func:`~cl_lightning.study.report_budget.seed_mean_std`):
+queries before it is shown (``eval/return_{m}/visit_n``, n = the times its map was shown before); on one that
+revises a share of the values every task (``revise``), the data module's ``revisions`` scores the queries of the keys
+revised at this task against their new and their old values (``eval/revised_{m}``, ``eval/stale_{m}``). From the
+event files this writes one row per experiment that logged such scores (``-`` where its stream has none): the
+stream, the learner (its label), the bytes it holds (``memory/budget_bytes`` after the last task), and, each per
+seed then mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
 
 - **forward**: the current map's queries after its task, from task ``SETTLED`` on (the maps have settled);
+- **revised keys** / **stale answers**: the revised keys' queries answered with the new value / the old one, from
+  task ``SETTLED`` on;
 - **before first visit**: a map not yet shown (visit 0, tasks 1 .. k-1): what nothing kept gives;
 - **first visit**: the forward score of the first k tasks, right after each map's first showing, what the first
   return is read against;
@@ -31,10 +35,18 @@ from cl_lightning.study.report_budget import markdown_rows, mean_std, seed_mean_
 from cl_lightning.study.results import Experiment, last_value
 
 SETTLED = 5
-"""Forward is read from this task on (the former benchmarks/lifelong_reuse.py's start: the maps have settled)."""
-COLUMNS = ("stream", "learner", "state bytes", "forward", "before first visit", "first visit",
-           "return recall, first", "last")  # fmt: skip
-SCORES = ("forward", "before_first", "first_visit", "return_first", "return_last")
+"""Forward, revised and stale are read from this task on (benchmarks/lifelong_reuse.py's start: the maps have
+settled)."""
+COLUMNS = ("stream", "learner", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
+           "first visit", "return recall, first", "last")  # fmt: skip
+SCORES = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
+REVISION = ("revised", "stale")
+
+
+def is_reuse(exp: Experiment) -> bool:
+    """Whether the experiment logged return or revision scores."""
+    slots = (parse_metric_key(tag, exp.metric) for tag in exp.curves)
+    return any(slot is not None and slot.role in ("return", *REVISION) for slot in slots)
 
 
 def visits_of(exp: Experiment) -> list[int]:
@@ -44,22 +56,22 @@ def visits_of(exp: Experiment) -> list[int]:
 
 
 def reuse_cell(exp: Experiment) -> dict[str, Any]:
-    """One experiment's row: bytes held and each score's mean and std over seeds (``<score>`` / ``<score>_std``)."""
-    visits = visits_of(exp)
+    """One experiment's row: bytes held and each score's mean and std over seeds (``<score>`` / ``<score>_std``;
+    NaN where the stream has no such score)."""
     held, _, _ = last_value(exp.rows("memory/budget_bytes"))
     forward = exp.rows(metric_key(EvalSlot("forward"), exp.metric))
-    before = exp.rows(metric_key(EvalSlot("return", 0), exp.metric))
-    recur = int((~np.isnan(before)).sum(axis=1).max()) + 1  # visit 0 is logged before tasks 1 .. k-1
-    rows = {
-        "forward": forward[:, SETTLED:],
-        "before_first": before,
-        "first_visit": forward[:, :recur],
-        "return_first": exp.rows(metric_key(EvalSlot("return", 1), exp.metric)),
-        "return_last": exp.rows(metric_key(EvalSlot("return", visits[-1]), exp.metric)),
-    }
+    rows = {"forward": forward[:, SETTLED:]}
+    rows |= {role: exp.rows(metric_key(EvalSlot(role), exp.metric))[:, SETTLED:] for role in REVISION}
+    visits = visits_of(exp)
+    if visits:
+        before = exp.rows(metric_key(EvalSlot("return", 0), exp.metric))
+        recur = int((~np.isnan(before)).sum(axis=1).max()) + 1  # visit 0 is logged before tasks 1 .. k-1
+        rows["before_first"], rows["first_visit"] = before, forward[:, :recur]
+        rows["return_first"] = exp.rows(metric_key(EvalSlot("return", 1), exp.metric))
+        rows["return_last"] = exp.rows(metric_key(EvalSlot("return", visits[-1]), exp.metric))
     out: dict[str, Any] = {"bytes": None if np.isnan(held) else round(held), "seeds": len(exp.seeds)}
-    for name, values in rows.items():
-        out[name], out[f"{name}_std"] = seed_mean_std(values)
+    for name in SCORES:
+        out[name], out[f"{name}_std"] = seed_mean_std(rows[name]) if name in rows else (np.nan, np.nan)
     return out
 
 
@@ -68,7 +80,7 @@ def reuse_study(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     return {
         exp.name: {"label": exp.label, "stream": exp.stream or "", **reuse_cell(exp)}
         for exp in experiments
-        if visits_of(exp)
+        if is_reuse(exp)
     }
 
 
@@ -83,7 +95,7 @@ def reuse_markdown(cells: dict[str, dict[str, Any]]) -> str:
 
 
 def write_reuse(experiments: Sequence[Experiment], out: Path) -> str:
-    """Write ``reuse.md`` and ``reuse.json`` under ``out`` when experiments logged return scores; the Markdown
+    """Write ``reuse.md`` and ``reuse.json`` under ``out`` when experiments logged reuse scores; the Markdown
     section for ``table.md`` (empty otherwise)."""
     cells = reuse_study(experiments)
     if not cells:
@@ -91,4 +103,4 @@ def write_reuse(experiments: Sequence[Experiment], out: Path) -> str:
     text = reuse_markdown(cells)
     (out / "reuse.md").write_text(text)
     (out / "reuse.json").write_text(json.dumps({"cells": cells}, indent=1))
-    return "## Reuse study: recall of maps that return\n\n" + text
+    return "## Reuse study: revised keys and maps that return\n\n" + text
