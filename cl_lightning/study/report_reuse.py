@@ -35,8 +35,8 @@ from cl_lightning.study.report_budget import markdown_rows, mean_std, seed_mean_
 from cl_lightning.study.results import Experiment, last_value
 
 SETTLED = 5
-"""Forward, revised and stale are read from this task on (benchmarks/lifelong_reuse.py's start: the maps have
-settled)."""
+"""Forward, revised and stale are read from this task on (the former benchmarks/lifelong_reuse.py's start: the
+maps have settled)."""
 COLUMNS = ("stream", "learner", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
            "first visit", "return recall, first", "last")  # fmt: skip
 SCORES = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
