@@ -19,9 +19,9 @@ One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_TH
     python -m benchmarks.lifelong_icl [--quick | --small] [--skip PART ...] [--out benchmarks/results/lifelong_icl]
 
 writes ``scorecard.json``, ``tables.md``, one PNG per property and ``ablation.png`` under ``--out``, beside the
-harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). Its helpers
-(:func:`start`, :func:`markdown_table`, :data:`RESULTS`) serve ``lifelong_reuse`` too (the budget curves, the
-goals and the P1 probe run through the package: ``configs/suites/lifelong_{budget,goals,rule}_*.yaml``).
+harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). The other lifelong studies
+(budget curves, reuse streams, goals, the P1 probe) run through the package:
+``configs/suites/lifelong_{budget,reuse,goals,rule}_*.yaml`` with ``sweep`` and ``report``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from cl_lightning.nn import fast_weights as fw
 
 LAGS = (1, 5, 20)
 STATE_FLOATS = 128 * 10  # the matched budget: a 128 x 10 float32 state, 5,120 bytes
-RESULTS = Path("docs/results/lifelong_icl")  # where lifelong_reuse / _goals / _rule write by default
+RESULTS = Path("docs/results/lifelong_icl")  # where the scorecard writes by default
 
 
 @dataclass

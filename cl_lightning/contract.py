@@ -26,7 +26,7 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
-SlotRole = Literal["forward", "backward", "lag", "matrix", "final", "written", "unseen"]
+SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "written", "unseen"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 
 
@@ -64,7 +64,7 @@ class Episode(NamedTuple):
 
 class EvalSlot(NamedTuple):
     """One reason to evaluate an episode: its ``role`` and, for ``"matrix"`` and ``"final"``, the probe task, for
-    ``"lag"`` the lag."""
+    ``"lag"`` the lag, for ``"return"`` the times the task's map was shown before."""
 
     role: SlotRole
     task: int = -1
@@ -87,6 +87,10 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     - ``"forward"``: ``eval/forward_{m}`` (the current task, after training it);
     - ``"backward"``: ``eval/backward_{m}`` (an earlier task; several lags log under one name and are averaged);
     - ``"lag"``: ``eval/backward_{m}/lag_{L}`` (task t − L, each lag under its own name: recall at several lags);
+    - ``"return"``: ``eval/return_{m}/visit_{n}`` (on a stream whose maps recur, the next task's queries before it
+      is shown: its map was shown ``n`` times before, 0 for a map not yet seen);
+    - ``"revised"`` / ``"stale"``: ``eval/revised_{m}`` / ``eval/stale_{m}`` (on a stream that revises values, the
+      current task's queries of the keys revised at this task, against the new value / the old one);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
     - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream);
     - ``"written"``: ``eval/written_{m}`` (the current task's written keys, clean: recall of what it wrote);
@@ -100,12 +104,12 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     'eval/backward_live_acc/lag_20'
     """
     m = metric if reading is None else f"{reading}_{metric}"
-    if slot.role in ("forward", "written", "unseen"):
+    if slot.role in ("forward", "backward", "revised", "stale", "written", "unseen"):
         return f"eval/{slot.role}_{m}"
-    if slot.role == "backward":
-        return f"eval/backward_{m}"
     if slot.role == "lag":
         return f"eval/backward_{m}/lag_{slot.task}"
+    if slot.role == "return":
+        return f"eval/return_{m}/visit_{slot.task}"
     if slot.role == "matrix":
         return f"eval/{m}_matrix/task_{slot.task}"
     return f"test/{m}/task_{slot.task}"
@@ -120,11 +124,13 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     True
     >>> parse_metric_key("eval/backward_acc/lag_5", "acc")
     EvalSlot(role='lag', task=5)
+    >>> parse_metric_key("eval/return_acc/visit_1", "acc")
+    EvalSlot(role='return', task=1)
     """
-    for role in ("forward", "backward", "written", "unseen"):
+    for role in ("forward", "backward", "revised", "stale", "written", "unseen"):
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
-    for role in ("lag", "matrix", "final"):
+    for role in ("lag", "return", "matrix", "final"):
         head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
         tail = key.removeprefix(head)
         if tail != key and tail.isdigit():
@@ -145,10 +151,10 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "written", "unseen", "lag", "matrix", "final"):
+    for role in ("forward", "backward", "revised", "stale", "written", "unseen", "lag", "return", "matrix", "final"):
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
-        tail = tail[:-1] if role in ("lag", "matrix", "final") else tail  # the task's (lag's) digits vary
+        tail = tail[:-1] if role in ("lag", "return", "matrix", "final") else tail  # the task's (lag's) digits vary
         rest = key.removeprefix(head)
         cut = rest.rfind(tail)
         if rest != key and cut > 0:

@@ -254,33 +254,6 @@ def test_gpu_check_script_is_valid_bash() -> None:
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0
 
 
-def test_lifelong_reuse(tmp_path: Path) -> None:
-    rows = _module("lifelong_reuse").main(["--small", "--out", str(tmp_path)])["rows"]
-    assert len(rows) == 3 * 7  # three reuse streams x six levers and StableKeyMemory
-    # StableKeyMemory's state, centroid and counter, and its fixed projection R (d_k 128 x 32 floats; keys in R^32)
-    assert rows[6]["bytes"] == 128 * 40 + 32 * 4 + 8 + 128 * 32 * 4
-    for r in rows:
-        assert 0 <= r["forward"] <= 1
-        assert math.isnan(r["revised"]) == r["stream"].startswith("recur")
-        assert math.isnan(r["return_first"]) == r["stream"].startswith("revise")
-    assert all(
-        math.isnan(r["first_visit"]) == math.isnan(r["before_first"]) == r["stream"].startswith("revise") for r in rows
-    )
-
-
-def test_lifelong_reuse_on_permuted_mnist_with_recurring_permutations(tmp_path: Path) -> None:
-    argv = ["--small", "--streams", "PermutedMNIST", "--out", str(tmp_path)]
-    rows = _module("lifelong_reuse").main(argv)["rows"]
-    # states, centroids, counter, and the fixed projection R (d_k x 49 floats, memory.accounting)
-    goal_settings = [1000 * 40 + 49 * 4 + 8 + 1000 * 49 * 4, 8 * 112 * 40 + 8 * 49 * 4 + 8 + 112 * 49 * 4]
-    matched = [128 * 40 + 49 * 4 + 8 + 128 * 49 * 4, 8 * 12 * 40 + 8 * 49 * 4 + 8 + 12 * 49 * 4]  # 30,412; 7,768 B
-    assert [r["bytes"] for r in rows] == [5120] * 6 + goal_settings + matched
-    for r in rows:
-        assert math.isnan(r["revised"])
-        assert all(0 <= r[m] <= 1 for m in ("forward", "before_first", "first_visit", "return_first", "return_last"))
-    assert (tmp_path / "reuse_PermutedMNIST.md").exists()
-
-
 def test_scr_step() -> None:
     runs = _main("scr_step")["us_per_step"]  # --small: Backprop's child fits, every learner's floors
     floors = {f"scr {learner} {v}" for learner in ("bp", "qoa", "cbp") for v in ("floor", "hand floor")}

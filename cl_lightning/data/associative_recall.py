@@ -34,6 +34,8 @@ One variant probes whether a memory holds *concepts*, not only pairs (the paper'
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from cl_lightning.contract import Episode
@@ -153,6 +155,19 @@ class AssociativeRecall(TaskStream):
         """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``."""
         gen = task_generator(self.seed, task)
         return torch.randint(0, self.num_items, (self._train_size + self.query_size,), generator=gen)
+
+    def revision_episode(
+        self, task: int, context_size: int, num_queries: int | None = None, answer: Literal["new", "old"] = "new"
+    ) -> Episode:
+        """``revise=True``: :meth:`episode` of ``task`` (>= 1) cut to the queries whose key was revised at this task,
+        answered with the key's new value or, ``answer="old"``, with the one it had at task − 1 (the stale answer)."""
+        if not self.revise or task < 1:
+            raise ValueError(f"a revision episode needs revise=True and a task >= 1, got revise={self.revise}, {task}")
+        episode = self.episode(task, context_size, num_queries)
+        slots = self.slots(task)[self._train_size :][: episode.query_x.shape[0]]  # the queries' slots
+        revised = (self.born(task) == task)[slots]
+        targets = episode.query_y if answer == "new" else self.items(task - 1)[1][slots]
+        return episode._replace(query_x=episode.query_x[revised], query_y=targets[revised])
 
     def generate(self, task: int) -> TaskData:
         """Noisy copies of the task's items in arrival order, and fresh noisy copies as queries."""

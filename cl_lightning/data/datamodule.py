@@ -21,6 +21,13 @@ Evaluation after task ``t``:
   examples copy, ``eval/written_acc``) and its held-out queries again (``eval/unseen_acc``: on
   ``AssociativeRecall(rule=True)`` fresh keys of the task's rule, never written), each under its own name: the P1
   probe (does the memory hold the rule, or only the pairs?), read from memory with ``context_size: 0``;
+- **returns** (optional, ``returns``, on a stream whose maps recur every k tasks, ``stream.recur_every``): the
+  episode of task ``t + 1``, the next map, scored *before* it is shown, under ``eval/return_{acc,mse}/visit_n``
+  where n is the times its map was shown before (0: not yet seen; 1: its first return…): what the learner kept of
+  a returning map;
+- **revisions** (optional, ``revisions``, on a stream that revises values, ``stream.revise``): the current task's
+  queries of the keys revised at this task, against their new value (``eval/revised_{m}``) and their old one
+  (``eval/stale_{m}``: the share still answered with the old value), after every task but the stream's first;
 - **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
   the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
 
@@ -78,6 +85,10 @@ class ChunkDataset(IterableDataset):
             )
 
 
+REVISION = ("revised", "stale")
+"""Slots scored on an episode of their own: the task's queries of its revised keys (``revision_episode``)."""
+
+
 class EpisodeDataset(IterableDataset):
     """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``.
 
@@ -92,17 +103,23 @@ class EpisodeDataset(IterableDataset):
         self.offset = stream.warmup_tasks  # evaluated task e is stream task offset + e
 
     def __len__(self) -> int:
-        """Number of episodes."""
-        return len(self.items)
+        """Number of episodes: one per task, and one per revision slot (its own queries and answers)."""
+        return sum(any(s.role not in REVISION for s in slots) + sum(s.role in REVISION for s in slots)
+                   for _, slots in self.items)  # fmt: skip
 
     def __iter__(self) -> Iterator[EvalBatch]:
         """The episodes, their tasks and the slots the learner logs their scores under."""
         for task, slots in self.items:
             if slots[0].role == "written":  # its own episode: the task's written keys as queries
-                episode = self.stream.written_episode(self.offset + task, self.context_size)
-            else:
-                episode = self.stream.episode(self.offset + task, self.context_size, self.queries)
-            yield EvalBatch(episode, task, tuple(slots))
+                yield EvalBatch(self.stream.written_episode(self.offset + task, self.context_size), task, tuple(slots))
+                continue
+            plain = tuple(s for s in slots if s.role not in REVISION)
+            if plain:
+                yield EvalBatch(self.stream.episode(self.offset + task, self.context_size, self.queries), task, plain)
+            for slot in (s for s in slots if s.role in REVISION):
+                answer = "old" if slot.role == "stale" else "new"
+                episode = self.stream.revision_episode(self.offset + task, self.context_size, self.queries, answer)
+                yield EvalBatch(episode, task, (slot,))
 
 
 def _identity(item: Any) -> Any:
@@ -125,6 +142,10 @@ class StreamDataModule(LightningDataModule):
         recall_probe_from: After each evaluated task from this one on, also score the task's written keys
             (``eval/written_{acc,mse}``) and its held-out queries (``eval/unseen_{acc,mse}``), each under its own
             name (``None``: never). Needs a stream that writes keys (``AssociativeRecall``).
+        returns: Score the next task's episode before it is shown, by the times its map was shown before
+            (``eval/return_{m}/visit_n``); the stream must recur (``recur_every`` set).
+        revisions: Score the current task's revised keys against their new and their old values
+            (``eval/revised_{m}``, ``eval/stale_{m}``); the stream must revise (``revise`` set).
         num_workers: DataLoader workers for the training chunks.
         steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
             :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
@@ -145,6 +166,8 @@ class StreamDataModule(LightningDataModule):
         lags: list[int] | None = None,
         lag_tasks: int | None = None,
         recall_probe_from: int | None = None,
+        returns: bool = False,
+        revisions: bool = False,
     ) -> None:
         super().__init__()
         if steps_per_batch < 1:
@@ -169,6 +192,12 @@ class StreamDataModule(LightningDataModule):
         if recall_probe_from is not None and recall_probe_from < 0:
             raise ValueError(f"recall_probe_from must be >= 0 or null, got {recall_probe_from}")
         self.recall_probe_from = recall_probe_from
+        self.recur_every: int | None = getattr(stream, "recur_every", None) if returns else None
+        if returns and self.recur_every is None:
+            raise ValueError(f"returns needs a stream whose maps recur (recur_every set), got {type(stream).__name__}")
+        if revisions and not getattr(stream, "revise", False):
+            raise ValueError(f"revisions needs a stream that revises values (revise set), got {type(stream).__name__}")
+        self.revisions = revisions
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = backward, num_workers
@@ -283,6 +312,8 @@ class StreamDataModule(LightningDataModule):
         if task is None:
             return []
         items: dict[int, list[EvalSlot]] = {task: [EvalSlot("forward")]}
+        if self.revisions and self.warmup_tasks + task >= 1:  # the stream's first task revises nothing
+            items[task] += [EvalSlot("revised"), EvalSlot("stale")]
         for lag in self.backward_lags:  # several lags log under one name: Lightning averages them
             if task >= lag:
                 items.setdefault(task - lag, []).append(EvalSlot("backward"))
@@ -290,6 +321,9 @@ class StreamDataModule(LightningDataModule):
             for lag in self.lags:
                 if task >= lag:
                     items.setdefault(task - lag, []).append(EvalSlot("lag", lag))
+        if self.recur_every is not None and task + 1 < self.num_evaluated_tasks:
+            visits = (self.warmup_tasks + task + 1) // self.recur_every  # showings of task t + 1's map so far
+            items.setdefault(task + 1, []).append(EvalSlot("return", visits))
         if task in self.probe_tasks:
             for j in self.probe_tasks:
                 items.setdefault(j, []).append(EvalSlot("matrix", j))

@@ -26,7 +26,10 @@ tasks).
   (:mod:`cl_lightning.study.departures`);
 - ``budget.md`` / ``budget.json`` / ``budget.png``, for a budget study (a suite whose experiments name a
   ``budget``): live recall at each lag logged apart against the context-memory bytes, and the crossover budgets
-  (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``.
+  (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``;
+- ``reuse.md`` / ``reuse.json``, when runs scored returning maps before they are shown again (the data module's
+  ``returns``): forward, before first visit, first visit and return recall at the first and last return
+  (:mod:`cl_lightning.study.report_reuse`), also added to ``table.md``.
 
 The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
 backward lag, and say why a panel is empty.
@@ -47,6 +50,7 @@ import yaml
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study.report_budget import write_budget
+from cl_lightning.study.report_reuse import write_reuse
 from cl_lightning.study.report_tables import block_table, window_table, write_table, write_window_csv
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
@@ -317,9 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     budget = write_budget(suite_dir, experiments, meta, out)
     text += "\n" + budget if budget else ""
+    reuse = write_reuse(experiments, out)
+    text += "\n" + reuse if reuse else ""
     (out / "table.md").write_text(text)
     windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
     windows += [f for f in ("budget.md", "budget.json", "budget.png") if budget and (out / f).exists()]
+    windows += ["reuse.md", "reuse.json"] if reuse else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))

@@ -166,22 +166,36 @@ def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
     return {**study, "probes": probes, "references": references(experiments) if "unseen" in probes else {}}
 
 
+def mean_std(mean: float, std: float) -> str:
+    """A table cell ``mean ± std`` (``-`` where nothing was logged).
+
+    >>> mean_std(0.5, 0.25), mean_std(math.nan, math.nan)
+    ('0.500 ± 0.250', '-')
+    """
+    return "-" if math.isnan(mean) else f"{_fmt(mean)} ± {_fmt(std)}"
+
+
+def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table's lines: two left-aligned text columns (stream, learner), the rest numbers, right-aligned."""
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
 def budget_markdown(study: dict[str, Any]) -> str:
     """The budget table (a row per learner and budget) and the crossover line."""
     lags, probes = study["lags"], study.get("probes", [])
-    head = [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
-        row = [ref["stream"], name, *["-"] * (len(head) - 3), f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"]
-        lines.append("| " + " | ".join(row) + " |")
+        width = len(COLUMNS) + len(lags) + len(probes)
+        rows.append([ref["stream"], name, *["-"] * (width - 3), f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"])
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
             recall = [f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags]
             recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in probes]
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
             forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
-            row = [study["streams"][name], name, f"{budget:,}", held, forward, *recall]
-            lines.append("| " + " | ".join(row) + " |")
+            rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
+    lines = markdown_rows([*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)], rows)
     if not study["crossover"]:
         return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
