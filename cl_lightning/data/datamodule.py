@@ -139,19 +139,14 @@ class StreamDataModule(LightningDataModule):
         lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
             ``eval/backward_{acc,mse}/lag_L`` (none by default).
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
-        recall_probe_from: After each evaluated task from this one on, also score the task's written keys
-            (``eval/written_{acc,mse}``) and its held-out queries (``eval/unseen_{acc,mse}``), each under its own
-            name (``None``: never). Needs a stream that writes keys (``AssociativeRecall``).
-        returns: Score the next task's episode before it is shown, by the times its map was shown before
-            (``eval/return_{m}/visit_n``); the stream must recur (``recur_every`` set).
-        revisions: Score the current task's revised keys against their new and their old values
-            (``eval/revised_{m}``, ``eval/stale_{m}``); the stream must revise (``revise`` set).
+        recall_probe_from: From this evaluated task on, also score its written keys and its held-out queries
+            (``eval/written_*``, ``eval/unseen_*``; ``AssociativeRecall``). ``None``: never.
+        returns: Score the next task before it is shown (``eval/return_*/visit_n``; a stream with ``recur_every``).
+        revisions: Score the task's revised keys, new and old values (``eval/revised_*``, ``eval/stale_*``).
         num_workers: DataLoader workers for the training chunks.
-        steps_per_batch: Chunks per training batch, each still one learner step in arrival order (a
-            :class:`~cl_lightning.contract.StreamSteps`): on one-point streams the learner then runs, e.g., 100
-            predict-then-learn steps per Lightning round trip. 1 (default): one chunk per batch. More needs a
-            learner with a step engine, one process and chunks that divide every task's training portion
-            (``learners.engines.check_steps``, when the fit starts).
+        steps_per_batch: Chunks per training batch, each still one predict-then-learn step in arrival order
+            (fewer Lightning round trips on one-point streams). More than 1 needs a learner with a step engine,
+            one process and chunks that divide a task (``learners.engines.check_steps``).
     """
 
     def __init__(
