@@ -164,6 +164,30 @@ def test_enable_checkpointing_false_turns_the_checkpoint_slot_off(tmp_path: Path
     assert not list(tmp_path.rglob("*.ckpt"))
 
 
+def test_a_checkpoint_written_before_an_option_existed_resumes_at_its_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A checkpoint from before the data module had ``lags`` (every run before the lifelong studies moved in) resumes
+    when the config leaves the option at its default, and is refused when the config sets it."""
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=1, extra=CHECKPOINTS)])
+    last = _run(tmp_path) / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=False)
+    record = next(v for k, v in checkpoint["callbacks"].items() if "DataRecord" in k)
+    del record["data"]["lags"]
+    del checkpoint["hyper_parameters"]["seed"]  # a learner option added later, alike
+    torch.save(checkpoint, last)
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "fit",
+                *tiny_args(tmp_path, BACKPROP, tasks=2, extra=[*CHECKPOINTS, "--ckpt_path=last", "--data.lags=[1]"]),
+            ]
+        )
+    assert "data.lags: checkpoint (absent), config [1]" in capsys.readouterr().err
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=2, extra=[*CHECKPOINTS, "--ckpt_path=last"])])
+    assert [step for step, _ in _scalars(_run(tmp_path))["eval/forward_acc"]] == [15, 31]
+
+
 def test_accepted_changes_use_the_config_values(tmp_path: Path) -> None:
     """`--accept_changed_hparams`: the config's learning rate replaces the one restored from the checkpoint."""
     main(["fit", *tiny_args(tmp_path, [*SGD, "--model.optimizer.lr=0.01"], tasks=1, extra=CHECKPOINTS)])

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import sys
@@ -240,13 +241,35 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
+def keyword_defaults(cls: type) -> dict[str, Any]:
+    """Each keyword argument's default along ``cls``'s classes (the nearest class's wins): what an option added
+    after a checkpoint was written stands at when the config leaves it alone."""
+    out: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        try:
+            parameters = inspect.signature(init).parameters.values() if init is not None else ()
+        except (TypeError, ValueError):
+            continue
+        for parameter in parameters:
+            if parameter.default is not inspect.Parameter.empty:
+                out.setdefault(parameter.name, parameter.default)
+    return out
+
+
 def hparam_differences(
-    saved: dict[str, Any], current: dict[str, Any], prefix: str = "", ignore: tuple[str, ...] = ()
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    prefix: str = "",
+    ignore: tuple[str, ...] = (),
+    defaults: dict[str, Any] | None = None,
 ) -> list[str]:
     """What differs between a checkpoint's hyperparameters and the config's, as ``key: checkpoint X, config Y``.
 
     A different learner class is the one difference reported; Lightning's ``_instantiator`` bookkeeping and the
-    dotted keys in ``ignore`` are left out; ``prefix`` is put before each key in the messages.
+    dotted keys in ``ignore`` are left out; ``prefix`` is put before each key in the messages. A key the checkpoint
+    lacks whose config value is its default (``defaults``: an option added after the checkpoint was written, left
+    alone) is no difference.
     """
     a = {k: v for k, v in _flatten(dict(saved)).items() if not k.startswith("_instantiator") and k not in ignore}
     b = {k: v for k, v in _flatten(dict(current)).items() if not k.startswith("_instantiator") and k not in ignore}
@@ -257,10 +280,17 @@ def hparam_differences(
     out = []
     for key in sorted(a.keys() | b.keys(), key=lambda k: (k != "_class_path", k)):
         old, new = a.get(key, missing), b.get(key, missing)
+        if old is missing and key in (defaults or {}) and _same(new, (defaults or {})[key]):
+            continue
         if old != new:
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out
+
+
+def _same(value: Any, default: Any) -> bool:
+    """``value`` equals ``default`` (tuples as lists, as :func:`_flatten` writes them)."""
+    return value == (list(default) if isinstance(default, tuple) else default)
 
 
 def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
@@ -293,10 +323,13 @@ def check_resume(
     only with ``accept``.
     """
     saved, current = (_same_numbers(h) for h in (checkpoint.get("hyper_parameters", {}), model.hparams))
-    differences = hparam_differences(saved, current)
+    differences = hparam_differences(saved, current, defaults=keyword_defaults(type(model)))
     record = checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
     if record is not None and data is not None:
-        differences += hparam_differences(record, data, "data.", ("stream.init_args.num_tasks",))
+        from cl_lightning.data import StreamDataModule  # the data module's own options and their defaults
+
+        ignore, defaults = ("stream.init_args.num_tasks",), keyword_defaults(StreamDataModule)
+        differences += hparam_differences(record, data, "data.", ignore, defaults)
     other_class = bool(differences) and differences[0].startswith("the checkpoint is a")
     mismatch = None if other_class else weight_mismatch(checkpoint["state_dict"], model.state_dict())
     if other_class or mismatch:
