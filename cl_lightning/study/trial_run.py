@@ -103,10 +103,9 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     log_dir = trial.log_dir(root)
     record_path = log_dir / "trial.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
-    state = trial_state(trial, root)
-    if state == FINISHED:
+    if record.get("status") == FINISHED:  # trial_state's test, on the record already read
         return record | {"skipped": True}
-    ckpt = _resume_point(log_dir) if state == "resume" else None
+    ckpt = _resume_point(log_dir)  # once: with several last*.ckpt it opens each
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
             stale.unlink()
