@@ -48,10 +48,15 @@ def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
 def trial_state(trial: Trial, root: str | Path) -> str:
     """``finished``, ``resume`` (a checkpoint to continue from) or ``new``."""
     log_dir = trial.log_dir(root)
-    record = log_dir / "trial.json"
-    if record.exists() and json.loads(record.read_text()).get("status") == FINISHED:
+    if _finished(log_dir):
         return FINISHED
     return "resume" if _resume_point(log_dir) is not None else "new"
+
+
+def _finished(log_dir: Path) -> bool:
+    """The trial's record says it finished."""
+    record = log_dir / "trial.json"
+    return record.exists() and json.loads(record.read_text()).get("status") == FINISHED
 
 
 def _resume_point(log_dir: Path) -> Path | None:
@@ -75,7 +80,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
     log_dir = trial.log_dir(root)
-    if trial_state(trial, root) == FINISHED:
+    if _finished(log_dir):
         return json.loads((log_dir / "trial.json").read_text()) | {"skipped": True}
     try:
         hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
@@ -103,7 +108,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     log_dir = trial.log_dir(root)
     record_path = log_dir / "trial.json"
     record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
-    if record.get("status") == FINISHED:  # trial_state's test, on the record already read
+    if record.get("status") == FINISHED:  # finished by another sweep while this one waited for the lock
         return record | {"skipped": True}
     ckpt = _resume_point(log_dir)  # once: with several last*.ckpt it opens each
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
