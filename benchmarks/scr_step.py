@@ -56,7 +56,7 @@ from torch import Tensor, nn
 from benchmarks.harness import ROOT, Bench, interleave, parser
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, native
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
-from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_mse_steps
+from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_steps
 from cl_lightning.nn.optim import drop_unloadable_nvml_check
 
 # The child: one fit, timed per task from the first training batch to the last; prints one JSON line.
@@ -195,8 +195,8 @@ def _timed(run: Callable[[], Any], points: int) -> Callable[[], float]:
     return timed
 
 
-def _bp_hand_floor(points: int, run: Callable[..., Tensor] = mlp_mse_steps) -> Callable[[], float]:
-    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` (or ``run``) over ``points``
+def _bp_hand_floor(points: int, run: Callable[..., Tensor] = mlp_steps) -> Callable[[], float]:
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_steps` (or ``run``) over ``points``
     points."""
     torch.manual_seed(0)
     net = MLP(20, 1, [40])
@@ -221,7 +221,7 @@ def _qoa_hand_floor(
 
 
 def _cbp_hand_floor(points: int, kernel: str = "torch") -> Callable[[], float]:
-    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_mse_steps` with AdamGnT on a flat tensor
+    """The fused step's loop, bare: :func:`~cl_lightning.nn.fused_steps.mlp_steps` with AdamGnT on a flat tensor
     and generate-and-test after each update (``kernel="native"``: :func:`~cl_lightning.nn.native.cbp_mse_steps`, the
     same steps and replacements, one call for all the points)."""
     torch.manual_seed(0)
@@ -236,7 +236,7 @@ def _cbp_hand_floor(points: int, kernel: str = "torch") -> Callable[[], float]:
 
     if kernel == "native":  # a generator at each replacement only (the torch loop makes one a step)
         return _timed(lambda: native.cbp_mse_steps(layers, adam, gnt, x, y, opt, torch.Generator().manual_seed), points)
-    return _timed(lambda: mlp_mse_steps(layers, adam, x, y, generate_and_test), points)
+    return _timed(lambda: mlp_steps(layers, adam, x, y, generate_and_test), points)
 
 
 NATIVE = {  # the native kernel, bare: the hand floors' loops with nn.native's functions, one call for all the points

@@ -12,8 +12,9 @@ Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails l
   routed to :meth:`CompatCLI.build_trainer`.
 - ``LightningCLI._get(config, key, default)``: reads a subcommand's section of a config.
 - ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
-- ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state) and
-  ``batch_progress.total.completed`` (training steps run by this process).
+- ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state; advanced by
+  :func:`count_logged_chunks` so that it counts chunks, not batches) and ``batch_progress.total.completed``
+  (training steps run by this process).
 - ``LightningModule._trainer`` (whether a module is attached, without the property's error) and the
   optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
   loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``),
@@ -38,6 +39,7 @@ __all__ = [
     "SIGTERMException",
     "adopt_automatic_steps",
     "checkpoint_logged_steps",
+    "count_logged_chunks",
     "count_optimizer_steps",
     "logged_steps",
     "missing_internals",
@@ -93,6 +95,14 @@ def steps_run(trainer: Trainer) -> int:
 def tasks_closed(trainer: Trainer) -> int:
     """Epochs (tasks) the fit loop has closed: counted before its end-of-epoch SIGTERM check raises."""
     return int(trainer.fit_loop.epoch_progress.current.completed)
+
+
+def count_logged_chunks(module: LightningModule, chunks: int) -> None:
+    """Advance the logging step of the Trainer ``module`` is attached to by ``chunks`` more than Lightning's one a
+    batch: a batch of ``K`` chunks (``data.steps_per_batch``) moves it by ``K``, so every logged value lands on the
+    step a run of one chunk per batch logs it at."""
+    if module._trainer is not None:
+        module._trainer.fit_loop.epoch_loop._batches_that_stepped += chunks
 
 
 def count_optimizer_steps(module: LightningModule, steps: int) -> None:

@@ -20,9 +20,10 @@ import torch
 from test_scr_steps import _args, _checkpoint_each_task
 from torch import Tensor, nn
 
+from cl_lightning.lightning_compat import logged_steps
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, adam_refusal
-from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_mse_steps
+from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the SCR runs compared here, on one thread
 
@@ -55,11 +56,15 @@ def _optimizer_state(cli: Any) -> dict[str, Tensor]:
 
 
 CBP_CORRECTED = ["--model.init_args.optimizer.init_args.update_rule=corrected"]  # standard Adam per element
+IMAGES = ["--data.stream.init_args.train_size=2400"]  # Permuted MNIST: six chunks of 400 images a task
+FAST_CBP = ["--model.init_args.maturity_threshold=2", "--model.init_args.replacement_rate=0.01"]
 FITS = {  # id -> (config, extra arguments); CBP's generate-and-test replaces units from about step 250 on
     "bp_scr": ("bp_scr", []),
     "qoa_scr": ("qoa_scr", []),
     "cbp_scr": ("cbp_scr", CBP_CORRECTED),
     "cbp_scr-reference": ("cbp_scr", []),  # the config's rule: AdamGnT's snapshot, as the authors' code
+    "bp_pmnist": ("bp_pmnist", IMAGES),  # classification: cross-entropy on 400-image chunks
+    "cbp_pmnist": ("cbp_pmnist", [*IMAGES, *FAST_CBP]),  # replacing units from the third step on
 }
 
 
@@ -88,20 +93,20 @@ def test_the_fused_step_equals_the_autograd_chunk_step(fit: str, tmp_path: Path)
         span = range(moment.data_ptr(), moment.data_ptr() + moment.numel() * 4)
         assert all(state[p][key].data_ptr() in span for p in fused.model.parameters()), key
     for key in ("online", "loss"):
-        assert plain.seen[key].numel() > 500, key
+        assert plain.seen[key].numel() > (500 if key == "online" else 15), key
         assert _same_bits(fused.seen[key], plain.seen[key]), key
     a, b = plain.model.state_dict(), fused.model.state_dict()
     assert a.keys() == b.keys()
     for k in a:
         assert _same_bits(a[k], b[k]), k  # weights, the replay buffer, generate-and-test's buffers, counters
-    assert plain.trainer.global_step == fused.trainer.global_step > 500
+    assert plain.trainer.global_step == fused.trainer.global_step > (15 if "pmnist" in config else 500)
     sa, sb = _optimizer_state(plain), _optimizer_state(fused)
     assert sa.keys() == sb.keys()
     for k in sa:
         assert _same_bits(sa[k], sb[k]), k
     for name, value in plain.trainer.callback_metrics.items():
         assert _same_bits(fused.trainer.callback_metrics[name], value), name
-    if config == "cbp_scr":  # units were replaced, their AdamGnT state reset in the flat state (rows restarted)
+    if config.startswith("cbp"):  # units were replaced, their AdamGnT state reset in the flat state (rows restarted)
         assert int(fused.model.gnt.buffer("replaced", 0)) >= 10
         steps = state[fused.model.net.layers[0].weight]["element_step"]
         assert steps.min() < steps.max() == fused.trainer.global_step
@@ -123,6 +128,32 @@ def test_a_resumed_fused_run_equals_an_uninterrupted_one(fit: str, tmp_path: Pat
     assert _same_bits(straight.seen["online"][-n:], resumed.seen["online"])
     for name, value in straight.trainer.callback_metrics.items():
         assert _same_bits(value, resumed.trainer.callback_metrics[name]), name
+
+
+@pytest.mark.parametrize("config", ["bp_pmnist", "cbp_pmnist"])
+def test_an_autograd_run_resumed_fused_a_task_a_batch_equals_the_uninterrupted_one(config: str, tmp_path: Path) -> None:
+    """A run trained by autograd one chunk a batch and resumed (through the CLI's checks) by the fused engine with a
+    task's chunks in one batch is the same run: the same weights and optimiser state bit for bit, the same steps."""
+    from cl_lightning.run.cli import main
+
+    extra = FITS[config][1]
+    args = _args(config, tmp_path / "a", 1, extra=[*extra, "--model.init_args.step_kernel=autograd"])
+    straight = main(["fit", *args, *_checkpoint_each_task(tmp_path)])
+    ckpt = str(tmp_path / "ckpt" / "taskepoch=1.ckpt")
+    args = _args(config, tmp_path / "b", 6, extra=[*extra, "--model.init_args.step_kernel=fused"])
+    resumed = main(["fit", *args, "--ckpt_path", ckpt])
+    assert resumed.model.engine._flat is not None
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert _same_bits(a[k], b[k]), k
+    sa, sb = _optimizer_state(straight), _optimizer_state(resumed)
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert _same_bits(sa[k], sb[k]), k
+    assert straight.trainer.global_step == resumed.trainer.global_step == 18
+    assert logged_steps(straight.trainer) == logged_steps(resumed.trainer) == 18  # the logging step: chunks
+    for name, value in straight.trainer.callback_metrics.items():  # task means: float64 sums in another order
+        torch.testing.assert_close(resumed.trainer.callback_metrics[name], value, msg=name)
 
 
 def _refusal(config: str, root: Path, extra: list[str], kernel: str = "fused") -> str:
@@ -180,9 +211,9 @@ PMNIST = ["--data.stream.init_args.train_size=400"]  # one chunk of 400 a task
     [
         (
             "bp_pmnist",
-            "fused",
+            "native",
             PMNIST,
-            "Backprop's step_kernel 'fused' fits regression only: use step_kernel: autograd",
+            "Backprop's step_kernel 'native' fits regression only: use step_kernel: autograd",
         ),
         ("ewc_pmnist", "fused", PMNIST, "EWC has no fused step engine: use step_kernel: autograd"),
         (
@@ -252,7 +283,7 @@ def test_mlp_steps_equal_autograd_with_the_optimiser_hyperparameters(make_opt: A
     x, y = torch.randn(50, 3, 6), torch.randn(50, 3, 2)
     opt, ref_opt = make_opt(list(net.parameters())), make_opt(list(ref.parameters()))
     adam = FlatAdam().bind(opt, list(net.parameters()))
-    preds = mlp_mse_steps(list(net.layers), adam, x, y)
+    preds = mlp_steps(list(net.layers), adam, x, y)
     adam.release()
     expected = _autograd_steps(ref, list(ref.parameters()), ref_opt, list(zip(x, y, strict=True)))
     torch.testing.assert_close(preds, expected, **TOL)
@@ -282,7 +313,7 @@ def test_mlp_steps_with_generate_and_test_equal_autograd_and_adam_gnt(rule: str,
     gnt, ref_gnt = (GenerateAndTest([8, 5], replacement_rate=0.05, maturity_threshold=5, **gnt_options) for _ in "ab")
     layers, draws = list(net.layers), iter(range(200))
     adam = FlatAdamGnT().bind(opt, list(net.parameters()))
-    preds = mlp_mse_steps(
+    preds = mlp_steps(
         layers, adam, x, y, lambda hs: gnt.step(layers, hs, opt, torch.Generator().manual_seed(next(draws)))
     )
     adam.release()

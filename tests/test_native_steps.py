@@ -34,7 +34,7 @@ def _mlp_run(kernel: str, hidden: list[int], batch: int, steps: int, opt_cls: ty
     net = MLP(20, 2, hidden)
     xs, ys = torch.randint(0, 2, (steps, batch, 20)).float(), torch.randn(steps, batch, 2)
     opt = opt_cls(net.parameters(), **adam)
-    flat, run = FlatAdam(), fused_steps.mlp_mse_steps if kernel == "torch" else native.mlp_mse_steps
+    flat, run = FlatAdam(), fused_steps.mlp_steps if kernel == "torch" else native.mlp_mse_steps
     preds = []
     for x, y in zip(xs.split(steps // 3), ys.split(steps // 3), strict=True):  # three batches, as a learner runs
         preds.append(run(list(net.layers), flat.bind(opt, list(net.parameters())), x, y))
@@ -142,7 +142,7 @@ def _cbp_run(kernel: str, hidden: list[int], batch: int, steps: int, gnt_args: d
         bound, seeds = flat.bind(opt, params), itertools.count(done)
         if kernel == "torch":
             after = partial(_generate_and_test, gnt, layers, opt, seeds)
-            preds.append(fused_steps.mlp_mse_steps(layers, bound, x, y, after))
+            preds.append(fused_steps.mlp_steps(layers, bound, x, y, after))
         else:
             preds.append(native.cbp_mse_steps(layers, bound, gnt, x, y, opt, partial(_generator, done)))
         done += x.shape[0]

@@ -105,6 +105,35 @@ def test_steps_in_one_batch_equal_one_point_per_batch(config: str, tmp_path: Pat
         torch.testing.assert_close(many.trainer.callback_metrics[name], value, msg=name)
 
 
+def _logged(root: Path, steps: int, kernel: str) -> dict[str, dict[int, float]]:
+    """Every scalar a 3-task Backprop run logs to TensorBoard, by tag and step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from cl_lightning.run.cli import main
+
+    logger = [
+        "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger", f"--trainer.logger.init_args.save_dir={root}",
+        f"--model.init_args.step_kernel={kernel}",
+    ]  # fmt: skip
+    main(["fit", *_args("bp_scr", root, steps, extra=logger)])
+    events = EventAccumulator(str(next(root.rglob("events.out.tfevents.*")).parent))
+    events.Reload()
+    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+
+
+@pytest.mark.parametrize("kernel", ["autograd", "fused"])
+def test_a_stepped_run_logs_every_value_at_the_steps_of_one_chunk_a_batch(kernel: str, tmp_path: Path) -> None:
+    """The logging step counts chunks, not batches: TensorBoard's axis does not depend on ``steps_per_batch``."""
+    one, many = _logged(tmp_path / "one", 1, kernel), _logged(tmp_path / "many", 64, kernel)
+    assert one.keys() == many.keys()
+    assert {"eval/forward_mse", "train/online_mse", "epoch"} <= one.keys()
+    for tag in one:
+        assert one[tag].keys() == many[tag].keys(), tag
+        assert max(one[tag]) > 250 or tag == "hp_metric", tag  # 300 points a task: steps count points
+        for step, value in one[tag].items():
+            assert many[tag][step] == pytest.approx(value, rel=1e-6, abs=1e-9), (tag, step)
+
+
 @pytest.mark.parametrize("config", _marked(STEPPED, set(STEPPED) - {"bp_scr", "qoa_scr"}))
 def test_a_resumed_stepped_run_equals_an_uninterrupted_one(config: str, tmp_path: Path) -> None:
     from cl_lightning.run.cli import main

@@ -32,12 +32,12 @@ class Backprop(ContinualLearner):
         encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
         step_kernel: The step engine (:mod:`cl_lightning.learners.engines`), chosen once: ``"autograd"`` (default;
             ``"torch"``, its former name, is the same), ``"fused"`` (hand-written MLP gradients and one Adam on a
-            flat tensor: autograd's numbers bit for bit, several times faster on one-point regression steps) or
-            ``"native"`` (the fused steps as one C loop per batch, :mod:`cl_lightning.nn.native`: equal to autograd
-            to float32 rounding in each step's predictions and gradients, not in every weight over a run; needs a C
-            compiler). ``fused`` and ``native`` fit regression on flat inputs, on the CPU, in full precision, with
-            Adam / AdamW (CBP: AdamGnT) and no forward hook on the net; anything else is refused before the first
-            batch. Learners that step in their own ``training_step`` (EWC) take ``"autograd"`` only.
+            flat tensor: autograd's numbers bit for bit; several times faster on one-point regression steps, a
+            quarter on 400-image chunks) or ``"native"`` (the fused steps as one C loop per batch, regression only,
+            :mod:`cl_lightning.nn.native`: autograd's to float32 rounding in each step's predictions and gradients,
+            not in every weight over a run; needs a C compiler). ``fused`` and ``native`` take flat inputs, on the
+            CPU, in full precision, with Adam / AdamW (CBP: AdamGnT) and no forward hook on the net; anything else is
+            refused before the first batch. Learners that step in their own ``training_step`` (EWC): ``"autograd"``.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """
@@ -82,10 +82,11 @@ class Backprop(ContinualLearner):
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
         """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
-        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or in C (its :mod:`~cl_lightning.nn.native` form)."""
-        x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
-        steps = native.mlp_mse_steps if in_c else fused_steps.mlp_mse_steps
-        preds = steps(list(self.net.layers), adam, x, y.to(x.dtype))
+        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (regression only:
+        :func:`~cl_lightning.nn.native.mlp_mse_steps`)."""
+        x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
+        y = y if self.task_type == "classification" else y.to(x.dtype)
+        preds = (native.mlp_mse_steps if in_c else fused_steps.mlp_steps)(list(self.net.layers), adam, x, y)
         return run.add_fused(preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

@@ -126,13 +126,14 @@ class ContinualBackprop(Backprop):
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
         """Chunks ``start..`` as :meth:`learn_chunk` learns them, by hand-written MLP gradients, one flat AdamGnT
         update and generate-and-test on the step's features after each update
-        (:func:`~cl_lightning.nn.fused_steps.mlp_mse_steps`), or in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`);
+        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`);
         step ``t`` draws from the generator of step ``steps taken + t`` either way."""
-        xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), (T, B, k)
+        xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
+        y = y if self.task_type == "classification" else y.to(xs.dtype)
         layers, optimizer, first = list(self.net.layers), run.optimizer, self._steps
         if in_c:
             preds = native.cbp_mse_steps(
-                layers, adam, self.gnt, xs, y.to(xs.dtype), optimizer, lambda t: self.generator_at(first + t)
+                layers, adam, self.gnt, xs, y, optimizer, lambda t: self.generator_at(first + t)
             )
         else:
             draws = itertools.count(first)
@@ -140,7 +141,7 @@ class ContinualBackprop(Backprop):
             def generate_and_test(features: list[Tensor]) -> None:
                 self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
 
-            preds = fused_steps.mlp_mse_steps(layers, adam, xs, y.to(xs.dtype), generate_and_test)
+            preds = fused_steps.mlp_steps(layers, adam, xs, y, generate_and_test)
         self.count_steps(xs.shape[0])  # the steps step_generator would have counted, at once
         return run.add_fused(preds, y, xs.shape[1])
 

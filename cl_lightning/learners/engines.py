@@ -4,7 +4,8 @@
 A learner that takes :class:`~cl_lightning.contract.StreamSteps` states its step once, ``learn_chunk(batch, run)``:
 predict one chunk, log it through the :class:`StepRun`, learn through ``run.step(loss)``. Its engine runs a batch's
 ``K`` chunks in arrival order (a ``StreamBatch`` is a run of one), holds the task-mean terms back for one update per
-batch, and counts the optimiser steps it took by hand in ``global_step``. Every batch of such a learner goes through
+batch, counts the optimiser steps it took by hand in ``global_step`` and the batch's chunks in the logging step (so
+every value is logged at the step one chunk a batch logs it at). Every batch of such a learner goes through
 its engine, in manual optimisation (decided at construction).
 
 - :class:`AutogradEngine`: ``learn_chunk`` on each chunk; each step through Lightning's manual optimisation
@@ -122,11 +123,14 @@ class StepRun:
 
     def add_fused(self, preds: Tensor, y: Tensor, weight: int) -> Tensor:
         """Book ``T`` fused steps as ``learn_chunk`` would have: the online predictions ``preds (T, B, k)`` of targets
-        ``y (T, B, k)``, each step's MSE as a ``train/loss`` term of ``weight`` examples, ``T`` optimiser steps;
-        returns the summed losses."""
+        ``y`` (``(T, B, k)``, or labels ``(T, B)``), each step's loss as a ``train/loss`` term of ``weight``
+        examples, ``T`` optimiser steps; returns the summed losses."""
         steps = preds.shape[0]
         self.online.append((preds.flatten(0, 1), y.flatten(0, 1)))
-        losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))  # (T,): each step's loss
+        if self.learner.task_type == "classification":  # each step's cross-entropy, as learn_chunk computes it
+            losses = torch.stack([self.learner.loss(p, t) for p, t in zip(preds, y, strict=True)])
+        else:  # (T,): each step's MSE (the same bits as one step's, in one call)
+            losses = (preds - y.to(preds.dtype)).pow(2).mean((1, 2))
         values, weights = self.terms.setdefault("train/loss", ([], []))
         values.append(losses)  # one 1-d entry for the run of steps (task_mean.add_terms)
         weights.extend([weight] * steps)
@@ -163,6 +167,7 @@ class AutogradEngine:
         counted = run.counted if any(p.requires_grad for p in learner.parameters()) else steps.x.shape[0]
         if counted:
             lightning_compat.count_optimizer_steps(learner, counted)
+        lightning_compat.count_logged_chunks(learner, steps.x.shape[0] - 1)  # the logging step counts chunks
         return torch.stack(losses).sum() if losses else None
 
     def learn_rest(self, learner: SteppedLearner, batch: StreamSteps, start: int, run: StepRun) -> Tensor | None:
@@ -181,12 +186,12 @@ class FusedEngine(AutogradEngine):
         self._flat: FlatOptimizer | None = None  # the optimiser on flat tensors: not module state, rebuilt from it
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """Refuse a learner without fused steps of its own chunk step, a classification learner, or one whose
-        settings its fused step does not compute (``fused_refusal``)."""
+        """Refuse a learner without fused steps of its own chunk step, or one whose settings its fused step does not
+        compute (``fused_refusal``)."""
         cls = type(learner).__name__
         if not learner.has_fused_steps():
             raise ValueError(f"{cls} has no {self.name} step engine: use step_kernel: autograd")
-        self._refuse(learner, "fits regression only" if learner.task_type != "regression" else learner.fused_refusal())
+        self._refuse(learner, learner.fused_refusal())
 
     def check_run(self, learner: SteppedLearner) -> None:
         """Refuse a run the fused step would not compute as autograd: see the module docstring."""
@@ -235,9 +240,10 @@ class NativeEngine(FusedEngine):
     in_c = True
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """As the fused engine, and the C kernels must build (:func:`cl_lightning.nn.native.library` says why
-        not)."""
+        """As the fused engine, on regression only (the C steps compute MSE), and the C kernels must build
+        (:func:`cl_lightning.nn.native.library` says why not)."""
         super().check_learner(learner)
+        self._refuse(learner, "fits regression only" if learner.task_type != "regression" else None)
         native.library()
 
     def run_refusal(self, learner: SteppedLearner) -> str | None:

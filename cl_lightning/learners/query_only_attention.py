@@ -149,6 +149,8 @@ class QueryOnlyAttention(ReplayLearner):
 
     def fused_refusal(self, chunk_size: int | None = None) -> str | None:
         """The fused steps: label-free queries on flat inputs, eager, each step's query the incoming point."""
+        if self.task_type != "regression":
+            return "fits regression only"
         if self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
             return "needs use_labels: false, compile: false and encoder: flatten"
         if self.online_queries < 1 or not query_is_incoming(

@@ -1,15 +1,16 @@
-"""Fused one-point training steps: hand-written gradients of the small regression nets and one Adam over a flat tensor.
+"""Fused training steps: hand-written gradients of the small nets and one Adam over a flat tensor.
 
 A one-point step of slowly changing regression is a few dozen tiny tensor operations; autograd's graph and a
-per-parameter Adam cost several times their arithmetic. Here the parameters become views of one flat tensor (the
-modules keep them: ``state_dict``, checkpoints, probes and monitors see the same ``Parameter`` objects), the
-gradients are written by hand into views of one flat gradient, and one Adam updates everything
-(:mod:`cl_lightning.nn.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
+per-parameter Adam cost several times their arithmetic (and a quarter of a 400-image Permuted-MNIST step). Here the
+parameters become views of one flat tensor (the modules keep them: ``state_dict``, checkpoints, probes and monitors
+see the same ``Parameter`` objects), the gradients are written by hand into views of one flat gradient, and one Adam
+updates everything (:mod:`cl_lightning.nn.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
 :class:`~cl_lightning.nn.adam_gnt.AdamGnT` as :class:`FlatAdamGnT`). The optimiser's own per-parameter state is kept
 as views of the flat state tensors, so saving and loading the optimiser works unchanged.
 
-- :func:`mlp_mse_steps`: predict, MSE, gradients and update of an :class:`~cl_lightning.nn.MLP` (ReLU, linear
-  output), one chunk after another, with a hook after each update (Continual Backprop's generate-and-test);
+- :func:`mlp_steps`: predict, loss (MSE, or cross-entropy on logits), gradients and update of an
+  :class:`~cl_lightning.nn.MLP` (ReLU, linear output), one chunk after another, with a hook after each update
+  (Continual Backprop's generate-and-test);
 - :func:`attention_mse_steps`: the same for query-only attention's label-free :class:`~cl_lightning.nn.PairScorer`
   (softmax over the supports, values = their targets) along a window of the stream.
 
@@ -33,7 +34,7 @@ from torch import Tensor, nn
 
 from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 
-__all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_mse_steps"]
+__all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_steps"]
 
 
 def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -53,17 +54,27 @@ def _layer_grads(layers: list[nn.Linear], adam: FlatOptimizer) -> list[tuple[Ten
     return [(m.weight.t(), m.bias, index[id(m.weight)], index[id(m.bias)]) for m in layers]
 
 
-def _mlp_mse_step(
+def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
+    """``∂ CE(logits, y) / ∂ logits`` (mean over the batch) by autograd's own kernels: ``log_softmax``, then the
+    backward of ``nll_loss`` and of ``log_softmax``, as ``F.cross_entropy(logits, y).backward()`` runs them."""
+    logp = torch.log_softmax(logits, 1)
+    _, total = torch.ops.aten.nll_loss_forward(logp, y, None, 1, -100)  # reduction 1: mean; -100: ignore none
+    g = torch.ops.aten.nll_loss_backward(logits.new_ones(()), logp, y, None, 1, -100, total)
+    return torch.ops.aten._log_softmax_backward_data(g, logp, 1, logits.dtype)
+
+
+def _mlp_step(
     plan: list[tuple[Tensor, Tensor, Tensor, Tensor]], adam: FlatOptimizer, x: Tensor, y: Tensor, n: int, count: object
 ) -> tuple[Tensor, list[Tensor]]:
-    """One step of :func:`mlp_mse_steps` on ``x (B, D)``, ``y (B, k)``: the prediction ``(B, k)`` made before the
-    update and every layer's input (``x``, then each hidden layer's post-ReLU features ``(B, H)``)."""
+    """One step of :func:`mlp_steps` on ``x (B, D)``, ``y`` (labels ``(B,)``: cross-entropy, when ``n`` is 0; else
+    targets ``(B, k)``: MSE over ``n`` elements): the prediction ``(B, k)`` made before the update and every layer's
+    input (``x``, then each hidden layer's post-ReLU features ``(B, H)``)."""
     hs = [x]
     for w_t, b, _, _ in plan[:-1]:
         hs.append(torch.addmm(b, hs[-1], w_t).relu_())  # (B, H)
     w_t, b, _, _ = plan[-1]
     pred = torch.addmm(b, hs[-1], w_t)  # (B, k)
-    g = _mse_grad(pred - y, n)  # ∂loss/∂pred
+    g = _cross_entropy_grad(pred, y) if n == 0 else _mse_grad(pred - y, n)  # ∂loss/∂pred
     for i in range(len(plan) - 1, -1, -1):  # backward, layer by layer
         _, _, g_w, g_b = plan[i]
         torch.mm(g.t(), hs[i], out=g_w)
@@ -75,7 +86,7 @@ def _mlp_mse_step(
 
 
 @torch.no_grad()
-def mlp_mse_steps(
+def mlp_steps(
     layers: list[nn.Linear],
     adam: FlatOptimizer,
     xs: Tensor,
@@ -83,18 +94,20 @@ def mlp_mse_steps(
     after_step: Callable[[list[Tensor]], object] | None = None,
 ) -> Tensor:
     """Train an MLP (ReLU between ``layers``, linear output) one chunk at a time: predict chunk ``t``, then one Adam
-    step on its MSE. ``xs (T, B, D)``, ``ys (T, B, k)`` ``-> predictions (T, B, k)``, each made before its step.
+    step on its loss. ``xs (T, B, D)`` ``-> predictions (T, B, k)``, each made before its step; ``ys (T, B)``
+    integer labels (cross-entropy on the logits) or ``(T, B, k)`` targets (MSE).
 
-    Autograd's formulas: loss ``mean((pred - y)²)``, ``∂/∂pred = 2 (pred - y) / N``; per layer ``∂W = gᵀ h``,
-    ``∂b = Σ_B g``, ``g ← (g W) · 1[h > 0]``. ``adam`` is bound to the layers' parameters. ``after_step``, when
-    given, is called after each update with that step's hidden features (post-ReLU ``(B, H)`` per hidden layer, from
-    the forward pass before the update): Continual Backprop's generate-and-test.
+    Autograd's formulas: MSE ``mean((pred - y)²)``, ``∂/∂pred = 2 (pred - y) / N``; cross-entropy through autograd's
+    own ``log_softmax`` and ``nll_loss`` backward kernels; per layer ``∂W = gᵀ h``, ``∂b = Σ_B g``,
+    ``g ← (g W) · 1[h > 0]`` (the products in autograd's operand layouts). ``adam`` is bound to the layers'
+    parameters. ``after_step``, when given, is called after each update with that step's hidden features (post-ReLU
+    ``(B, H)`` per hidden layer, from the forward pass before the update): Continual Backprop's generate-and-test.
     """
     plan = _layer_grads(layers, adam)
-    n = ys.shape[1] * ys.shape[2]
+    n = 0 if ys.dim() == 2 else ys.shape[1] * ys.shape[2]
     preds = []
     for x, y, count in zip(xs.unbind(0), ys.unbind(0), adam.counts(xs.shape[0]), strict=True):  # a loop over time
-        pred, hs = _mlp_mse_step(plan, adam, x, y, n, count)
+        pred, hs = _mlp_step(plan, adam, x, y, n, count)
         preds.append(pred)
         if after_step is not None:
             after_step(hs[1:])

@@ -319,8 +319,8 @@ def check_resume(
     """Refuse (:class:`CheckpointError`) a checkpoint that does not fit the config; True when it resumes with changes.
 
     Another learner class or weights of other shapes can never resume (``--accept_changed_hparams`` is not offered);
-    other hyperparameters, or another ``data`` config (``data``: the config's, ``None`` to skip; more tasks are fine),
-    only with ``accept``.
+    other hyperparameters, or another ``data`` config (``data``: the config's, ``None`` to skip; more tasks or another
+    ``steps_per_batch`` are fine), only with ``accept``.
     """
     saved, current = (_same_numbers(h) for h in (checkpoint.get("hyper_parameters", {}), model.hparams))
     differences = hparam_differences(saved, current, defaults=keyword_defaults(type(model)))
@@ -328,7 +328,8 @@ def check_resume(
     if record is not None and data is not None:
         from cl_lightning.data import StreamDataModule  # the data module's own options and their defaults
 
-        ignore, defaults = ("stream.init_args.num_tasks",), keyword_defaults(StreamDataModule)
+        # more tasks, or chunks batched otherwise (the same numbers at the same logging steps), are no difference
+        ignore, defaults = ("stream.init_args.num_tasks", "steps_per_batch"), keyword_defaults(StreamDataModule)
         differences += hparam_differences(record, data, "data.", ignore, defaults)
     other_class = bool(differences) and differences[0].startswith("the checkpoint is a")
     mismatch = None if other_class else weight_mismatch(checkpoint["state_dict"], model.state_dict())

@@ -310,7 +310,7 @@ def _check(status: int) -> None:
 
 @torch.no_grad()
 def mlp_mse_steps(layers: list[nn.Linear], adam: FlatAdam, xs: Tensor, ys: Tensor) -> Tensor:
-    """:func:`cl_lightning.nn.fused_steps.mlp_mse_steps` (no ``after_step``) in one C call: ``xs (T, B, D)``,
+    """:func:`cl_lightning.nn.fused_steps.mlp_steps` (no ``after_step``) in one C call: ``xs (T, B, D)``,
     ``ys (T, B, k)`` ``-> predictions (T, B, k)``, each made before its step."""
     steps, batch, _ = xs.shape
     xs, ys = xs.contiguous().float(), ys.contiguous().float()
@@ -353,7 +353,7 @@ def cbp_mse_steps(
     optimizer: torch.optim.Optimizer,
     generator_at: Callable[[int], torch.Generator],
 ) -> Tensor:
-    """:func:`cl_lightning.nn.fused_steps.mlp_mse_steps` with generate-and-test after each update (Continual
+    """:func:`cl_lightning.nn.fused_steps.mlp_steps` with generate-and-test after each update (Continual
     Backprop): ``xs (T, B, D)``, ``ys (T, B, k)`` ``-> predictions (T, B, k)``, each made before its step.
 
     Which steps replace units depends on the host counts only (:meth:`GenerateAndTest.next_counts`, accumulated
