@@ -33,7 +33,7 @@ from torch import Tensor, nn
 
 from benchmarks.harness import Bench, interleave, parser
 from cl_lightning.nn import MLP, PairScorer, native
-from cl_lightning.nn.flat_adam import FlatAdam
+from cl_lightning.nn.optim import FlatAdam
 
 _BINDING = r"""
 #include "steps.h"

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from benchmarks.harness import Bench, interleave, parser
-from cl_lightning.nn.optim import NVML_CHECK
+from cl_lightning.nn.optim.adam_kernel import NVML_CHECK
 
 
 def _loop(fused: bool) -> Callable[[int], float]:

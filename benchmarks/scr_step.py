@@ -55,9 +55,8 @@ from torch import Tensor, nn
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, native
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT
 from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_steps
-from cl_lightning.nn.optim import drop_unloadable_nvml_check
+from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, drop_unloadable_nvml_check
 
 # The child: one fit, timed per task from the first training batch to the last; prints one JSON line.
 _CHILD = """

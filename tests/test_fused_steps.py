@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from cl_lightning.lightning_compat import logged_steps
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, adam_refusal
 from cl_lightning.nn.fused_steps import attention_mse_steps, mlp_steps
+from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, adam_refusal
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # the SCR runs compared here, on one thread
 

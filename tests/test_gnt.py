@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from cl_lightning.nn import AdamGnT, GenerateAndTest
-from cl_lightning.nn.flat_adam import scalar_operand
 from cl_lightning.nn.gnt import adaptable_contribution, batch_mean, contribution
+from cl_lightning.nn.optim.flat_adam import scalar_operand
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

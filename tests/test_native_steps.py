@@ -16,7 +16,7 @@ from test_scr_steps import _args, _checkpoint_each_task
 from torch import nn
 
 from cl_lightning.nn import MLP, AdamGnT, GenerateAndTest, PairScorer, fused_steps, native
-from cl_lightning.nn.flat_adam import AdamHyperparameters, FlatAdam, FlatAdamGnT
+from cl_lightning.nn.optim.flat_adam import AdamHyperparameters, FlatAdam, FlatAdamGnT
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),

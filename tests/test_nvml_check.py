@@ -11,7 +11,7 @@ import torch
 from helpers import BACKPROP, tiny_args
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from cl_lightning.nn.optim import NVML_CHECK, drop_unloadable_nvml_check
+from cl_lightning.nn.optim.adam_kernel import NVML_CHECK, drop_unloadable_nvml_check
 
 
 def _nvml_loads() -> bool:

@@ -16,8 +16,8 @@ from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.learners.engines import StepKernel, StepRun, step_engine
 from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
-from cl_lightning.nn.flat_adam import FlatOptimizer
 from cl_lightning.nn.mlp import MLP, InitName
+from cl_lightning.nn.optim import FlatOptimizer
 
 
 class Backprop(ContinualLearner):

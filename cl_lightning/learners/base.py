@@ -20,8 +20,7 @@ from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
 from cl_lightning.learners.engines import StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
-from cl_lightning.nn.flat_adam import FlatAdam, FlatOptimizer
-from cl_lightning.nn.optim import drop_unloadable_nvml_check
+from cl_lightning.nn.optim import FlatAdam, FlatOptimizer, drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
 

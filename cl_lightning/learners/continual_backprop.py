@@ -37,9 +37,8 @@ from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.backprop import Backprop
 from cl_lightning.learners.engines import StepRun
 from cl_lightning.nn import fused_steps, native
-from cl_lightning.nn.adam_gnt import AdamGnT
-from cl_lightning.nn.flat_adam import FlatAdamGnT, FlatOptimizer
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
+from cl_lightning.nn.optim import AdamGnT, FlatAdamGnT, FlatOptimizer
 
 
 def adam_gnt_1e4(params: Any) -> AdamGnT:
@@ -59,7 +58,7 @@ class ContinualBackprop(Backprop):
         replacement_init: Distribution of redrawn incoming weights (reference: ``"kaiming"``).
         next_bias_correction: Apply the next-layer bias correction that the reference turns into a no-op
             (default ``False``, faithful).
-        optimizer: Optimiser factory: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (default, lr 1e-4) or
+        optimizer: Optimiser factory: :class:`~cl_lightning.nn.optim.AdamGnT` (default, lr 1e-4) or
             ``torch.optim.SGD``.
         **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
             [200, 200, 200, 200], Kaiming-uniform init), ``seed``, the seed of the redrawn weights (draws depend on

@@ -17,7 +17,7 @@ its engine, in manual optimisation (decided at construction).
   the incoming point); nothing else falls back. What it cannot serve is refused before the first batch, in one
   line: at construction what the learner decides alone (no fused step, classification, another encoder), when
   training starts what the run decides (an accelerator, reduced precision, several processes, an optimiser
-  :func:`~cl_lightning.nn.flat_adam.adam_refusal` names, a forward hook on one of the learner's modules, which
+  :func:`~cl_lightning.nn.optim.adam_refusal` names, a forward hook on one of the learner's modules, which
   the fused step would not call).
 - :class:`NativeEngine`: the fused steps' chunk in C (:mod:`cl_lightning.nn.native`), on the same flat tensors;
   equal to autograd to float32 rounding in each step's predictions and gradients, not in every weight over a run
@@ -38,9 +38,8 @@ from cl_lightning import lightning_compat
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.task_mean import Terms
 from cl_lightning.nn import native
-from cl_lightning.nn.adam_gnt import AdamGnT
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 from cl_lightning.nn.fused_steps import has_forward_hooks
+from cl_lightning.nn.optim import AdamGnT, FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 
 __all__ = [
     "AutogradEngine",

@@ -27,8 +27,7 @@ from cl_lightning.nn import fused_steps, native
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
-from cl_lightning.nn.flat_adam import FlatOptimizer
-from cl_lightning.nn.optim import prefer_fused
+from cl_lightning.nn.optim import FlatOptimizer, prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
 

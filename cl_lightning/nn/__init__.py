@@ -1,8 +1,8 @@
-"""Plain ``nn.Module`` building blocks (no Lightning, no tasks, no optimisers)."""
+"""Plain ``nn.Module`` building blocks (no Lightning, no tasks); the optimisers are in :mod:`cl_lightning.nn.optim`."""
 
-from cl_lightning.nn.adam_gnt import AdamGnT
 from cl_lightning.nn.gnt import GenerateAndTest
 from cl_lightning.nn.mlp import MLP, init_linear
+from cl_lightning.nn.optim import AdamGnT
 from cl_lightning.nn.scorers import PairScorer
 from cl_lightning.nn.transformer import TinyTransformer
 

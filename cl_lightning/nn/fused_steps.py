@@ -4,8 +4,8 @@ A one-point step of slowly changing regression is a few dozen tiny tensor operat
 per-parameter Adam cost several times their arithmetic (and a quarter of a 400-image Permuted-MNIST step). Here the
 parameters become views of one flat tensor (the modules keep them: ``state_dict``, checkpoints, probes and monitors
 see the same ``Parameter`` objects), the gradients are written by hand into views of one flat gradient, and one Adam
-updates everything (:mod:`cl_lightning.nn.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
-:class:`~cl_lightning.nn.adam_gnt.AdamGnT` as :class:`FlatAdamGnT`). The optimiser's own per-parameter state is kept
+updates everything (:mod:`cl_lightning.nn.optim.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
+:class:`~cl_lightning.nn.optim.AdamGnT` as :class:`FlatAdamGnT`). The optimiser's own per-parameter state is kept
 as views of the flat state tensors, so saving and loading the optimiser works unchanged.
 
 - :func:`mlp_steps`: predict, loss (MSE, or cross-entropy on logits), gradients and update of an
@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
 
 __all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_steps"]
 

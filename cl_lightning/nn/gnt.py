@@ -13,7 +13,7 @@ Run after each optimiser step on the post-activation features ``h`` of the forwa
    the fractional part carried over (``accumulate=True``) or, below one, one unit with that probability.
 6. The eligible units of smallest ``bias_corrected_util`` get ``util = mean_act = 0``, fresh incoming weights
    ``U(−b, b)`` (``b = gain(ReLU)·√(3/fan_in)`` for ``"kaiming"``), incoming bias 0, outgoing weights 0, age 0,
-   and, with :class:`~cl_lightning.nn.adam_gnt.AdamGnT`, zeroed Adam state for their incoming row, bias and
+   and, with :class:`~cl_lightning.nn.optim.AdamGnT`, zeroed Adam state for their incoming row, bias and
    outgoing column (SGD state is left alone, as the reference).
 
 Quirks of the reference kept as options with the faithful default:
@@ -46,8 +46,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.adam_gnt import AdamGnT
-from cl_lightning.nn.flat_adam import scalar_operand
+from cl_lightning.nn.optim import AdamGnT
+from cl_lightning.nn.optim.flat_adam import scalar_operand
 
 ReplacementInit = Literal["kaiming", "default", "xavier", "lecun"]
 UtilityType = Literal["contribution", "adaptable_contribution"]
@@ -264,7 +264,7 @@ class GenerateAndTest(nn.Module):
         return none
 
     def _operands(self, util: Tensor, age: Tensor) -> tuple[Tensor | float, ...]:
-        """η and 1 as operands on ``util``, 1 on ``age`` (:func:`~cl_lightning.nn.flat_adam.scalar_operand`)."""
+        """η and 1 as operands on ``util``, 1 on ``age`` (:func:`~cl_lightning.nn.optim.flat_adam.scalar_operand`)."""
         key = (util.dtype, util.device)
         constants = self._constants.get(key)
         if constants is None:

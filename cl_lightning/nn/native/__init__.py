@@ -3,11 +3,11 @@
 A fused step of :mod:`cl_lightning.nn.fused_steps` still dispatches a few dozen tiny tensor operations per point,
 and on a CPU that dispatch, not the arithmetic, is the step's cost. Here the same algorithm runs as one C loop over
 the chunk (``steps.c``): predict, MSE gradient by hand, one Adam update, for Backprop's MLP and for label-free
-query-only attention, on the flat tensors of :class:`~cl_lightning.nn.flat_adam.FlatAdam` (so checkpoints,
+query-only attention, on the flat tensors of :class:`~cl_lightning.nn.optim.FlatAdam` (so checkpoints,
 probes and monitors see the same parameters and optimiser state).
 
 Continual Backprop (:func:`cbp_mse_steps`): the MLP step with AdamGnT on the flat tensors of
-:class:`~cl_lightning.nn.flat_adam.FlatAdamGnT` (a step count per element, both update rules), then generate-and-
+:class:`~cl_lightning.nn.optim.FlatAdamGnT` (a step count per element, both update rules), then generate-and-
 test's test of every hidden layer (ages, utilities, mean activations) into :class:`~cl_lightning.nn.GenerateAndTest`'s
 buffers. Its replacements (about one unit every 25 steps on slowly changing regression) stay in Python, in
 :meth:`GenerateAndTest.replace <cl_lightning.nn.gnt.GenerateAndTest.replace>`: the steps at which a layer replaces
@@ -55,8 +55,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.flat_adam import FlatAdam, FlatAdamGnT, FlatOptimizer
 from cl_lightning.nn.gnt import GenerateAndTest
+from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, FlatOptimizer
 
 __all__ = [
     "NativeUnavailableError",

@@ -1,7 +1,7 @@
 /* One-point training steps of the slowly-changing-regression nets, a whole chunk of steps per call.
  *
  * The Python side (cl_lightning/nn/native/__init__.py) hands over the flat parameter, gradient and Adam-moment
- * tensors of cl_lightning.nn.flat_adam.FlatAdam (each parameter a row-major view at an offset) and the chunk's data;
+ * tensors of cl_lightning.nn.optim.flat_adam.FlatAdam (each parameter a row-major view at an offset) and the chunk's data;
  * every step here predicts, takes the MSE gradient by hand and applies one Adam update, exactly the algorithm of
  * cl_lightning/nn/fused_steps.py, in float32 with sums in a fixed order (no reassociation: build without -ffast-math).
  * The rounding differs from torch's kernels (matrix products summed in another order), so the results agree with
@@ -181,7 +181,7 @@ int mlp_mse_adam(const mlp_args *a) {
     return 0;
 }
 
-/* ---- Continual Backprop: AdamGnT and generate-and-test's test (cl_lightning/nn/adam_gnt.py, nn/gnt.py) ---- */
+/* ---- Continual Backprop: AdamGnT and generate-and-test's test (cl_lightning/nn/optim/adam_gnt.py, nn/gnt.py) ---- */
 
 /* base^t for float32 t (powf), remembering the last exponent: the ages of a layer's units are equal but for the
  * units replaced lately, so pow runs about once per run of equal ages, not once per unit. */

@@ -3,14 +3,14 @@
 
 - :class:`FlatAdam`: ``torch.optim.Adam`` / ``AdamW``: one call of its fused kernel (``torch._fused_adam_``) when
   it is fused, else its single-tensor formulas once on the flat tensors;
-- :class:`FlatAdamGnT`: :class:`~cl_lightning.nn.adam_gnt.AdamGnT` (a step count per element, both update rules),
+- :class:`FlatAdamGnT`: :class:`~cl_lightning.nn.optim.AdamGnT` (a step count per element, both update rules),
   its formulas once on the flat tensors;
 - :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either);
 - :class:`AdamHyperparameters`: what either is bound to (their ``hyperparameters``), for code that runs the update
   itself (:mod:`cl_lightning.nn.native`).
 
 The optimiser's own per-parameter state is kept as views of flat state tensors, so saving, loading and stepping the
-optimiser on its own work unchanged, and :meth:`AdamGnT.reset_state <cl_lightning.nn.adam_gnt.AdamGnT.reset_state>`
+optimiser on its own work unchanged, and :meth:`AdamGnT.reset_state <cl_lightning.nn.optim.AdamGnT.reset_state>`
 (generate-and-test's reset of replaced units) writes into the same storage. The numbers are the optimiser's bit for
 bit (``tests/test_fused_steps.py``): each parameter starts on a 64-byte boundary, where a tensor of its own would; an
 operation whose vectorised loop and scalar tail round differently (the fused kernel; ``pow``, whose vectorised form
@@ -26,7 +26,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.adam_gnt import AdamGnT
+from cl_lightning.nn.optim.adam_gnt import AdamGnT
 
 _ALIGN = 16  # elements: 64 bytes of float32, the alignment of a tensor of its own on the CPU
 
@@ -36,7 +36,7 @@ def adam_refusal(optimizer: torch.optim.Optimizer | None, params: list[nn.Parame
     when one can).
 
     They reproduce ``torch.optim.Adam`` / ``AdamW`` (none of ``amsgrad``, ``maximize``, ``differentiable``) and
-    :class:`~cl_lightning.nn.adam_gnt.AdamGnT`, with one parameter group holding exactly ``params`` (one device and
+    :class:`~cl_lightning.nn.optim.AdamGnT`, with one parameter group holding exactly ``params`` (one device and
     float dtype) and float hyper-parameters.
     """
     if not isinstance(optimizer, (torch.optim.Adam, AdamGnT)):
@@ -232,7 +232,7 @@ class FlatAdam(_FlatState):
 
 
 class FlatAdamGnT(_FlatState):
-    """:class:`~cl_lightning.nn.adam_gnt.AdamGnT` on one flat tensor whose views are the parameters.
+    """:class:`~cl_lightning.nn.optim.AdamGnT` on one flat tensor whose views are the parameters.
 
     :meth:`bind` (once per batch of steps) makes the parameters and the optimiser's ``element_step`` / ``exp_avg`` /
     ``exp_avg_sq`` views of flat tensors, adopting whatever values they hold, and reads the hyper-parameters and the
