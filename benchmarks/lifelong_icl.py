@@ -3,25 +3,24 @@
 McDermott, Heath Jr., Parhi (2026) name four properties lifelong in-context learning needs — (1) an expressive,
 eviction-free context memory, (2) per-token cost independent of the context length, (3) parallelisable updates,
 (4) bounded memory without eviction — and three open questions (objective / regularisation, long-range signal, how
-keys and values are made). This script measures each property for QOA, full attention, kNN and every parametric
-rule at matched context-memory bytes, and runs the open questions as an ablation:
+keys and values are made). The recall and the bytes — properties (1) and (4) — and the open questions run through
+the package: ``configs/suites/lifelong_scorecard_{recall,pmnist}.yaml`` (every learner at 5,120 bytes),
+``lifelong_levers_recall.yaml`` (the open questions as levers, 3 seeds) and ``lifelong_capacity_recall.yaml``, with
+``sweep`` and ``report``. What stays here is what a clock measures, and one study the package does not log yet:
 
-1. **Live recall** (property 1): after task t, each learner predicts the held-out queries of task t - L from its own
-   memory only (``learner(x)``: the live fast state, or the replay buffer as support set), L in {1, 5, 20}, on the
-   AssociativeRecall stream (every task a new key -> value map; chance 1 / 10) and on Permuted MNIST.
-2. **ms per token** early vs late in the stream (property 2).
-3. **Chunked vs recurrent tokens/s** of every op and its scaling with the chunk size (property 3).
-4. **Context bytes** early vs late and examples evicted (property 4).
-5. **Ablation**: each lever's effect on live recall at lags 5 and 20 at (about) fixed state bytes, 3 seeds.
+1. **ms per token** early vs late in the stream (property 2), every learner at the matched bytes, on the
+   AssociativeRecall stream (every task a new key -> value map) and on Permuted MNIST; the same runs print their
+   live recall at lags 1, 5 and 20 (read from the learner's memory only) as a check against the suites';
+2. **chunked vs recurrent tokens/s** of every op and its scaling with the chunk size (property 3);
+3. **the encoder study**: the delta rule on Permuted MNIST with the key path trained, frozen, or wider, with the
+   keys' coherence (mean |cos| between tasks), which no monitor logs yet.
 
 One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
 
     python -m benchmarks.lifelong_icl [--quick | --small] [--skip PART ...] [--out benchmarks/results/lifelong_icl]
 
-writes ``scorecard.json``, ``tables.md``, one PNG per property and ``ablation.png`` under ``--out``, beside the
-harness's ``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment). The other lifelong studies
-(budget curves, reuse streams, goals, the P1 probe) run through the package:
-``configs/suites/lifelong_{budget,reuse,goals,rule}_*.yaml`` with ``sweep`` and ``report``.
+writes ``scorecard.json``, ``tables.md`` and one PNG per property under ``--out``, beside the harness's
+``lifelong_icl.json`` / ``.md`` (seconds per part, the tables, the environment).
 """
 
 from __future__ import annotations
@@ -362,61 +361,6 @@ def op_throughput(tokens: int, chunk_sizes: list[int], repeats: int) -> dict[str
     return out
 
 
-# --- the ablation --------------------------------------------------------------------------------------------------
-
-
-def ablation_specs(hidden: list[int]) -> list[tuple[str, str, Spec]]:
-    """(question, lever, spec): each lever against the delta-rule baseline at about 1,280 state floats."""
-
-    def lever(name: str, rule: fw.FastWeightRule | None = None, key_dim: int = 128, **change: Any) -> Spec:
-        """The baseline (delta rule, d_k 128, one head) with what the lever changes."""
-        return parametric(name, hidden, rule=rule or fw.DeltaRule(), key_dim=key_dim, **change)
-
-    return [
-        ("baseline", "delta rule, d_k 128, 1 head", lever("delta_rule")),
-        ("Q1 objective", "forget gate (gated delta rule)", lever("gdn", rule=fw.GatedDeltaRule())),
-        (
-            "Q1 objective",
-            "weight decay only (titans, mu0 0.01, d_k 64)",
-            lever("wd", key_dim=64, rule=fw.Titans(momentum_init=0.01, mini_batch_size=1)),
-        ),
-        ("Q1 objective", "4 heads x d_k 32", lever("heads4", key_dim=32, num_heads=4)),
-        ("Q2 long-range", "Omega window c = 2", lever("omega2", rule=fw.OmegaRule(window=2))),
-        ("Q2 long-range", "Omega window c = 4", lever("omega4", rule=fw.OmegaRule(window=4))),
-        ("Q2 long-range", "Omega window c = 8", lever("omega8", rule=fw.OmegaRule(window=8))),
-        (
-            "Q2 long-range",
-            "momentum + wd (titans, mu0 0.9, d_k 64)",
-            lever("titans", key_dim=64, rule=fw.Titans(momentum_init=0.9, mini_batch_size=1)),
-        ),
-        ("Q2 long-range", "TTT-Linear mini-batch 16 (d_k 36)", lever("ttt_linear", rule=fw.TTTLinear(), key_dim=36)),
-        (
-            "Q3 keys/values",
-            "deep memory: TTT-MLP (d_k 48, D_h 20)",
-            lever("ttt_mlp", key_dim=48, rule=fw.TTTMLP(hidden=20)),
-        ),
-        ("Q3 keys/values", "feature map elu+1", lever("elu1", feature_map="elu1")),
-        ("Q3 keys/values", "feature map poly2 (11^2 = 121 rows)", lever("poly2", key_dim=121, feature_map="poly2")),
-        ("Q3 keys/values", "feature map random Fourier", lever("rff", feature_map="random_fourier")),
-        ("Q3 keys/values", "2 key-value pairs per example", lever("kv2", kv_pairs=2)),
-        ("Q3 keys/values", "4 key-value pairs per example", lever("kv4", kv_pairs=4)),
-        ("slow-weight drift", "encoder frozen at random init", lever("frozen", encoder_training="frozen_random")),
-        (
-            "slow-weight drift",
-            "encoder frozen after task 0",
-            lever("frozen1", encoder_training="frozen_after_first_task"),
-        ),
-        ("state size (bytes grow)", "d_k 32", lever("k32", key_dim=32)),
-        ("state size (bytes grow)", "d_k 512", lever("k512", key_dim=512)),
-        ("state size (bytes grow)", "d_k 1024", lever("k1024", key_dim=1024)),
-        (
-            "state size (bytes grow)",
-            "d_k 1024, frozen encoder",
-            lever("k1024f", key_dim=1024, encoder_training="frozen_random"),
-        ),
-    ]
-
-
 # --- figures and tables --------------------------------------------------------------------------------------------
 
 
@@ -511,32 +455,8 @@ def figure_memory(card: dict[str, dict[str, Any]], path: Path) -> None:
     save_figure(fig, path)
 
 
-def figure_ablation(rows: list[dict[str, Any]], chance: float, path: Path) -> None:
-    """The ablation: live recall at lags 5 and 20 per lever, mean +- std over seeds."""
-    fig, ax = _plt().subplots(figsize=(9, 0.32 * len(rows) + 1.5))
-    y = list(range(len(rows)))[::-1]
-    for dy, lag in ((0.18, 5), (-0.18, 20)):
-        ax.barh(
-            [i + dy for i in y],
-            [r[f"mean{lag}"] for r in rows],
-            0.36,
-            xerr=[r[f"std{lag}"] for r in rows],
-            label=f"lag {lag}",
-        )
-    ax.axvline(chance, color="k", ls="--", lw=1, label="chance")
-    ax.set_yticks(y, [f"{r['question']}: {r['lever']}" for r in rows], fontsize=7)
-    ax.set_xlabel("live recall (mean +- std, 3 seeds)")
-    ax.set_title("Open questions as levers: live recall on AssociativeRecall")
-    ax.legend(fontsize=8)
-    save_figure(fig, path)
-
-
 def _fmt(x: float | None, spec: str = ".2f") -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
-
-
-def _pm(mean: float, std: float) -> str:
-    return f"{mean:.3f} ± {std:.3f}"
 
 
 def markdown_table(columns: Iterable[str], align: str, rows: Iterable[Iterable[Any]]) -> list[str]:
@@ -586,24 +506,6 @@ def scorecard_table(card: dict[str, dict[str, Any]], ops: dict[str, Any]) -> str
     )
 
 
-def ablation_table(rows: list[dict[str, Any]], capacity: list[dict[str, Any]]) -> str:
-    """Markdown table of the ablation (mean +- std over seeds) and of the capacity sweep."""
-    levers = [
-        [
-            r["question"],
-            r["lever"],
-            f"{r['bytes']:,}",
-            *(_pm(r[f"mean{lag}"], r[f"std{lag}"]) for lag in (5, 20)),
-            f"{r['forward']:.2f}",
-        ]
-        for r in rows
-    ]
-    sweep = [[r["items"], 5 * r["items"], *(_pm(r[f"mean{lag}"], r[f"std{lag}"]) for lag in LAGS)] for r in capacity]
-    levers_head = ["question", "lever", "state bytes", "live recall lag 5", "lag 20", "forward (lag 0)"]
-    sweep_head = ["associations per task", "after 5 tasks (newer ones)", "live recall lag 1", "lag 5", "lag 20"]
-    return "\n".join([*markdown_table(levers_head, "llrrrr", levers), "", *markdown_table(sweep_head, "rrrrr", sweep)])
-
-
 def encoder_table(encoder: list[dict[str, Any]]) -> str:
     """Markdown table of the encoder study."""
     lag_keys = [f"lag{lag}" for lag in LAGS]
@@ -616,27 +518,10 @@ def encoder_table(encoder: list[dict[str, Any]]) -> str:
     return "\n".join(markdown_table(head, "lrrrrrr", rows))
 
 
-def tables_markdown(card: dict, ops: dict, rows: list, capacity: list, encoder: list) -> str:
-    """``tables.md``: the scorecard and op tables, the ablation and capacity tables, the encoder study (each where
-    it was run)."""
-    tables = (
-        (scorecard_table(card, ops) if card and ops else "")
-        + "\n\n"
-        + (ablation_table(rows, capacity) if rows and capacity else "")
-    )
+def tables_markdown(card: dict, ops: dict, encoder: list) -> str:
+    """``tables.md``: the scorecard and op tables and the encoder study (each where it was run)."""
+    tables = scorecard_table(card, ops) if card and ops else ""
     return tables + ("\n\n" + encoder_table(encoder) if encoder else "")
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), statistics.pstdev(values) if len(values) > 1 else 0.0
-
-
-def recall_stats(runs: list[dict[str, Any]], lags: Iterable[int]) -> dict[str, float]:
-    """``mean{lag}`` and ``std{lag}`` of the runs' live recall at each lag."""
-    out = {}
-    for lag in lags:
-        out[f"mean{lag}"], out[f"std{lag}"] = _mean_std([r["recall"][lag] for r in runs])
-    return out
 
 
 def recall_text(recall: dict[int, float]) -> str:
@@ -672,34 +557,6 @@ def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Ca
     return card
 
 
-def run_ablation(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> list:
-    """Each lever on AssociativeRecall over ``args.seeds`` seeds (stream and learner seeded alike)."""
-    rows = []
-    for question, lever, spec in ablation_specs(hidden):
-        runs = [
-            run_stream(spec, recall_stream(seed), eval_last=5, queries=args.recall_queries, seed=seed)
-            for seed in range(args.seeds)
-        ]
-        stats = recall_stats(runs, (5, 20))
-        rows.append(
-            {
-                "question": question,
-                "lever": lever,
-                "name": spec.name,
-                "bytes": runs[0]["state_bytes"],
-                **stats,
-                "forward": statistics.fmean(r["forward"] for r in runs),
-                "key_coherence": statistics.fmean(r["key_coherence"] for r in runs),
-            }
-        )
-        print(
-            f"ablation {lever:<48} lag5 {stats['mean5']:.3f}±{stats['std5']:.3f}  "
-            f"lag20 {stats['mean20']:.3f}±{stats['std20']:.3f}",
-            flush=True,
-        )
-    return rows
-
-
 def run_encoder_study(args: argparse.Namespace) -> list:
     """Slow-weight drift vs fast-state capacity on Permuted MNIST (``configs/delta_rule_pmnist.yaml``'s learner):
     the delta rule with the encoder trained online, frozen at random init, frozen after task 0, and d_k up to 1,024."""
@@ -730,21 +587,6 @@ def run_encoder_study(args: argparse.Namespace) -> list:
     return rows
 
 
-def run_capacity(args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]) -> list:
-    """The delta-rule baseline's live recall against the associations written per task (2 ... 32)."""
-    spec = parametric("delta_rule", hidden, rule=fw.DeltaRule(), key_dim=128)
-    capacity = []
-    for items in (2, 4, 8, 16, 32):
-        runs = [
-            run_stream(spec, recall_stream(seed, items), eval_last=5, queries=args.recall_queries, seed=seed)
-            for seed in range(args.seeds)
-        ]
-        row: dict[str, Any] = {"items": items, **recall_stats(runs, LAGS)}
-        capacity.append(row)
-        print(f"capacity items {items:>3}: lag5 {row['mean5']:.3f}±{row['std5']:.3f}", flush=True)
-    return capacity
-
-
 def run_parts(
     args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]
 ) -> tuple[dict[str, Any], dict[str, float]]:
@@ -752,8 +594,6 @@ def run_parts(
     runs: dict[str, Callable[[], Any]] = {
         "scorecard": lambda: run_scorecard(args, hidden, recall_stream),
         "ops": lambda: op_throughput(args.tokens, args.chunk_sizes, args.repeats),
-        "ablation": lambda: run_ablation(args, hidden, recall_stream),
-        "capacity": lambda: run_capacity(args, hidden, recall_stream),
         "encoder": lambda: run_encoder_study(args),
     }
     parts: dict[str, Any] = {}
@@ -766,16 +606,14 @@ def run_parts(
     return parts, seconds
 
 
-def write_figures(card: dict, ops: dict, rows: list, out: Path) -> None:
-    """One PNG per property and the ablation's, each where its part was run."""
+def write_figures(card: dict, ops: dict, out: Path) -> None:
+    """One PNG per property, each where its part was run."""
     if card:
         figure_recall(card, dict.fromkeys(card, 1 / 10), out / "property1_live_recall.png")
         figure_cost(card, out / "property2_cost_per_token.png")
         figure_memory(card, out / "property4_memory.png")
     if ops:
         figure_parallel(ops, out / "property3_chunked_vs_recurrent.png")
-    if rows:
-        figure_ablation(rows, 0.1, out / "ablation.png")
 
 
 def start(name: str, p: argparse.ArgumentParser, argv: list[str] | None) -> Bench:
@@ -788,7 +626,7 @@ def start(name: str, p: argparse.ArgumentParser, argv: list[str] | None) -> Benc
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the scorecard, the op throughput, the ablation, the capacity sweep and the encoder study (each unless
+    """Run the scorecard, the op throughput and the encoder study (each unless
     skipped); write JSON, tables and figures under ``--out``."""
     p = parser(__doc__, repeats=2, repeats_help="best-of rounds of each op timing",
                out=Path("benchmarks/results/lifelong_icl"))  # fmt: skip
@@ -796,26 +634,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--items", type=int, default=8, help="AssociativeRecall associations per task")
     p.add_argument("--input-dim", type=int, default=128, help="AssociativeRecall key width")
     p.add_argument("--pmnist-train", type=int, default=2_000, help="Permuted-MNIST training images per task")
-    p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--recall-train", type=int, default=256, help="AssociativeRecall training examples per task")
     p.add_argument("--recall-queries", type=int, default=128, help="AssociativeRecall held-out queries per task")
     p.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
-    p.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops", "ablation", "capacity", "encoder"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops", "encoder"])
     bench = start("lifelong_icl", p, argv)
     args = bench.args
     if args.quick:
-        args.tasks, args.seeds, args.pmnist_train, args.tokens = 21, 1, 500, 256
+        args.tasks, args.pmnist_train, args.tokens = 21, 500, 256
     if args.small:  # lag 5 reached, lag 20 not
-        args.tasks, args.items, args.input_dim, args.seeds, args.pmnist_train = 6, 4, 32, 1, 100
+        args.tasks, args.items, args.input_dim, args.pmnist_train = 6, 4, 32, 100
         args.recall_train, args.recall_queries, args.tokens, args.chunk_sizes = 32, 32, 32, [8, 16, 32]
     started = time.perf_counter()
 
-    def recall_stream(seed: int, items: int | None = None) -> AssociativeRecall:
+    def recall_stream(seed: int) -> AssociativeRecall:
         return AssociativeRecall(
             num_tasks=args.tasks,
-            num_items=items or args.items,
+            num_items=args.items,
             input_dim=args.input_dim,
             train_size=args.recall_train,
             query_size=args.recall_queries,
@@ -825,13 +662,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     parts, seconds = run_parts(args, [128], recall_stream)
     card, ops = parts.get("scorecard", {}), parts.get("ops", {})
-    rows, capacity, encoder = (parts.get(part, []) for part in ("ablation", "capacity", "encoder"))
-    result = {"scorecard": card, "ops": ops, "ablation": rows, "capacity": capacity, "encoder": encoder}
+    encoder = parts.get("encoder", [])
+    result = {"scorecard": card, "ops": ops, "encoder": encoder}
     result["seconds"] = time.perf_counter() - started
     saved = {"args": {k: str(v) for k, v in vars(args).items()}, **result}
     (args.out / "scorecard.json").write_text(json.dumps(saved, indent=1, default=str))
-    write_figures(card, ops, rows, args.out)
-    tables = tables_markdown(card, ops, rows, capacity, encoder)
+    write_figures(card, ops, args.out)
+    tables = tables_markdown(card, ops, encoder)
     (args.out / "tables.md").write_text(tables)
     notes = [tables, f"total {result['seconds'] / 60:.1f} min; results in {args.out}"]
     overview = [[part, s] for part, s in seconds.items()]

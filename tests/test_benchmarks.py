@@ -132,14 +132,13 @@ def test_lifelong_icl(tmp_path: Path) -> None:
     assert card["AssociativeRecall"]["knn_unbounded"]["evicted"] == 0
     assert card["AssociativeRecall"]["delta_rule"]["state_bytes"] == 128 * 10 * 4
     assert all(row["recurrent"] > 0 and min(row["chunked"].values()) > 0 for row in result["ops"].values())
-    assert [len(result[part]) for part in ("ops", "ablation", "encoder")] == [9, 21, 6]
-    assert all(0 <= r["mean5"] <= 1 and r["std5"] == 0 for r in result["ablation"])  # one seed
-    assert [r["items"] for r in result["capacity"]] == [2, 4, 8, 16, 32]
+    assert [len(result[part]) for part in ("ops", "encoder")] == [9, 6]
+    assert "ablation" not in result  # the levers and the capacity sweep are suites (lifelong_levers_recall.yaml, ...)
     tables = (tmp_path / "tables.md").read_text()
-    for head in ("| stream | learner |", "| op |", "| question | lever |", "| associations per task |"):
+    for head in ("| stream | learner |", "| op |", "| Permuted MNIST, delta rule |"):
         assert head in tables
     assert "| Permuted MNIST, delta rule |" in tables
-    assert len(list(tmp_path.glob("*.png"))) == 5
+    assert len(list(tmp_path.glob("*.png"))) == 4  # one per property
 
 
 def test_loop_overhead() -> None:
