@@ -87,29 +87,18 @@ def parametric(name: str, hidden: list[int], **kwargs: Any) -> Spec:
 def nonparametric_specs(hidden: list[int]) -> list[Spec]:
     """QOA, full attention and kNN with FIFO buffers of the matched bytes, and an unbounded kNN as the reference."""
 
-    def qoa(stream: TaskStream) -> ContinualLearner:
-        n = matched_buffer(stream)
-        return QueryOnlyAttention(
-            input_shape=stream.input_shape,
-            num_outputs=stream.num_outputs,
-            memory_size=n,
-            support_size=n - 1,
-            sampler="uniform",
-            start_when_full=True,
-            hidden=hidden[0],
-            num_hidden_layers=2,
-        )
+    def attending(cls: type[ContinualLearner], **kwargs: Any) -> Callable[[TaskStream], ContinualLearner]:
+        """A learner attending over a FIFO buffer of the matched bytes, each step's query one stored example."""
 
-    def full(stream: TaskStream) -> ContinualLearner:
-        n = matched_buffer(stream)
-        return FullAttention(
-            input_shape=stream.input_shape,
-            num_outputs=stream.num_outputs,
-            memory_size=n,
-            support_size=n - 1,
-            admit_last=None,
-            num_layers=2,
-        )
+        def make(stream: TaskStream) -> ContinualLearner:
+            n = matched_buffer(stream)
+            shapes = {"input_shape": stream.input_shape, "num_outputs": stream.num_outputs}
+            return cls(**shapes, memory_size=n, support_size=n - 1, **kwargs)
+
+        return make
+
+    qoa = attending(QueryOnlyAttention, sampler="uniform", start_when_full=True, hidden=hidden[0], num_hidden_layers=2)
+    full = attending(FullAttention, admit_last=None, num_layers=2)
 
     def knn_of(stream: TaskStream, n: int) -> ContinualLearner:  # 1-NN over a FIFO buffer of n examples
         return KNN(
