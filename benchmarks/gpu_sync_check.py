@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--data.stream.init_args.num_tasks=2",
         "--data.backward_lag=1",
         "--data.num_probe_tasks=1",
+        "--data.steps_per_batch=1",  # one chunk a batch: each watched batch is one training step
         "--callbacks.checkpoint=null",
         f"--trainer.accelerator={'gpu' if cuda else 'cpu'}",
         f"--trainer.precision={args.precision}",

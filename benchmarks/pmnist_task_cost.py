@@ -58,6 +58,7 @@ SUITE = [  # the suite's arguments (pmnist_paper_full_cpu.yaml) but one warm-up 
 SMALL = [  # --small: the same code path at a size a test can afford
     "--data.stream.init_args.train_size=1200",
     "--data.stream.init_args.query_size=200",
+    "--data.stream.init_args.chunk_size=200",  # divides the warm-up task's 1,400 images too (a task a batch)
     "--data.eval_queries=50",
     "--data.context_size=100",
 ]
