@@ -107,18 +107,15 @@ def test_steps_in_one_batch_equal_one_point_per_batch(config: str, tmp_path: Pat
 
 def _logged(root: Path, steps: int, kernel: str) -> dict[str, dict[int, float]]:
     """Every scalar a 3-task Backprop run logs to TensorBoard, by tag and step."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
     from cl_lightning.run.cli import main
+    from cl_lightning.study.report import read_scalars
 
     logger = [
         "--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger", f"--trainer.logger.init_args.save_dir={root}",
         f"--model.init_args.step_kernel={kernel}",
     ]  # fmt: skip
     main(["fit", *_args("bp_scr", root, steps, extra=logger)])
-    events = EventAccumulator(str(next(root.rglob("events.out.tfevents.*")).parent))
-    events.Reload()
-    return {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    return read_scalars(next(root.rglob("events.out.tfevents.*")).parent)
 
 
 @pytest.mark.parametrize("kernel", ["autograd", "fused"])

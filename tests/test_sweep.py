@@ -109,15 +109,17 @@ def test_bad_suites_are_clear_errors(tmp_path: Path, spec: dict, message: str) -
         load_suite(path)
 
 
+LIFELONG_SEEDS = {"lifelong_scorecard": 1, "lifelong_levers": 3, "lifelong_capacity": 3}  # the others': 5
+
+
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)
 def test_shipped_suites_name_real_configs_and_paper_keys(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(ROOT)
     suite = load_suite(path)
     if suite.budgets:  # a budget study (lifelong_budget_*, lifelong_goals_*): no paper numbers
         assert suite.benchmark is None
-    if suite.benchmark is None:  # a lifelong study: the seeds of its committed tables (budget, goals, reuse: 5;
-        # the levers and capacity: 3; the scorecard: 1)
-        seeds = 1 if "scorecard" in path.stem else 3 if path.stem.split("_")[1] in ("levers", "capacity") else 5
+    if suite.benchmark is None:  # a lifelong study: the seeds of its committed tables (budget, goals, reuse: 5)
+        seeds = next((n for study, n in LIFELONG_SEEDS.items() if path.stem.startswith(study)), 5)
         assert len({t.seed for t in suite.trials}) == seeds
     else:
         assert len({t.seed for t in suite.trials}) == 3

@@ -85,7 +85,6 @@ class Backprop(ContinualLearner):
         (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (regression only:
         :func:`~cl_lightning.nn.native.mlp_mse_steps`)."""
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
-        y = y if self.task_type == "classification" else y.to(x.dtype)
         preds = (native.mlp_mse_steps if in_c else fused_steps.mlp_steps)(list(self.net.layers), adam, x, y)
         return run.add_fused(preds, y, x.shape[1])
 

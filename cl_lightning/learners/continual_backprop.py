@@ -128,7 +128,6 @@ class ContinualBackprop(Backprop):
         (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`);
         step ``t`` draws from the generator of step ``steps taken + t`` either way."""
         xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
-        y = y if self.task_type == "classification" else y.to(xs.dtype)
         layers, optimizer, first = list(self.net.layers), run.optimizer, self._steps
         if in_c:
             preds = native.cbp_mse_steps(

@@ -28,6 +28,7 @@ would see nothing), so it runs only where :func:`has_forward_hooks` finds none (
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -42,9 +43,9 @@ def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
-def _mse_grad(diff: Tensor, n: int) -> Tensor:
-    """``∂ mean(diff²) / ∂ diff`` as autograd rounds it: ``(1 / n) · (2 · diff)`` (in place on ``diff``)."""
-    g = diff.mul_(2.0)
+def _mse_grad(pred: Tensor, y: Tensor, n: int) -> Tensor:
+    """``∂ mean((pred - y)²) / ∂ pred`` over ``n`` elements as autograd rounds it: ``(1 / n) · (2 · (pred - y))``."""
+    g = (pred - y).mul_(2.0)
     return g if n == 1 else g.mul_(1.0 / n)
 
 
@@ -64,17 +65,22 @@ def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
 
 
 def _mlp_step(
-    plan: list[tuple[Tensor, Tensor, Tensor, Tensor]], adam: FlatOptimizer, x: Tensor, y: Tensor, n: int, count: object
+    plan: list[tuple[Tensor, Tensor, Tensor, Tensor]],
+    adam: FlatOptimizer,
+    x: Tensor,
+    y: Tensor,
+    loss_grad: Callable[[Tensor, Tensor], Tensor],
+    count: object,
 ) -> tuple[Tensor, list[Tensor]]:
-    """One step of :func:`mlp_steps` on ``x (B, D)``, ``y`` (labels ``(B,)``: cross-entropy, when ``n`` is 0; else
-    targets ``(B, k)``: MSE over ``n`` elements): the prediction ``(B, k)`` made before the update and every layer's
-    input (``x``, then each hidden layer's post-ReLU features ``(B, H)``)."""
+    """One step of :func:`mlp_steps` on ``x (B, D)`` and its targets ``y``, ``loss_grad(pred, y)`` the loss's
+    gradient: the prediction ``(B, k)`` made before the update and every layer's input (``x``, then each hidden
+    layer's post-ReLU features ``(B, H)``)."""
     hs = [x]
     for w_t, b, _, _ in plan[:-1]:
         hs.append(torch.addmm(b, hs[-1], w_t).relu_())  # (B, H)
     w_t, b, _, _ = plan[-1]
     pred = torch.addmm(b, hs[-1], w_t)  # (B, k)
-    g = _cross_entropy_grad(pred, y) if n == 0 else _mse_grad(pred - y, n)  # ∂loss/∂pred
+    g = loss_grad(pred, y)  # ∂loss/∂pred
     for i in range(len(plan) - 1, -1, -1):  # backward, layer by layer
         _, _, g_w, g_b = plan[i]
         torch.mm(g.t(), hs[i], out=g_w)
@@ -104,10 +110,14 @@ def mlp_steps(
     ``(B, H)`` per hidden layer, from the forward pass before the update): Continual Backprop's generate-and-test.
     """
     plan = _layer_grads(layers, adam)
-    n = 0 if ys.dim() == 2 else ys.shape[1] * ys.shape[2]
+    if ys.dim() == 2:  # labels: cross-entropy on the logits
+        loss_grad: Callable[[Tensor, Tensor], Tensor] = _cross_entropy_grad
+    else:  # targets: the MSE over each step's B · k elements
+        ys = ys.to(xs.dtype)
+        loss_grad = partial(_mse_grad, n=ys.shape[1] * ys.shape[2])
     preds = []
     for x, y, count in zip(xs.unbind(0), ys.unbind(0), adam.counts(xs.shape[0]), strict=True):  # a loop over time
-        pred, hs = _mlp_step(plan, adam, x, y, n, count)
+        pred, hs = _mlp_step(plan, adam, x, y, loss_grad, count)
         preds.append(pred)
         if after_step is not None:
             after_step(hs[1:])
@@ -149,7 +159,7 @@ def attention_mse_steps(
         p = torch.addmm(b, hs[-1], w_t).view(1, -1).softmax(-1)  # (1, S)
         pred = p @ sy  # (1, k)
         preds.append(pred)
-        g_p = _mse_grad(pred - qy, k) @ sy.t()  # (1, S)
+        g_p = _mse_grad(pred, qy, k) @ sy.t()  # (1, S)
         g = torch._softmax_backward_data(g_p, p, -1, p.dtype).view(-1, 1)  # ∂loss/∂scores (S, 1)
         for i in range(len(plan) - 1, 0, -1):  # the layers after the first, backward
             _, _, g_w, g_b = plan[i]
