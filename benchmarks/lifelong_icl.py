@@ -5,15 +5,14 @@ eviction-free context memory, (2) per-token cost independent of the context leng
 (4) bounded memory without eviction — and three open questions (objective / regularisation, long-range signal, how
 keys and values are made). The recall and the bytes — properties (1) and (4) — and the open questions run through
 the package: ``configs/suites/lifelong_scorecard_{recall,pmnist}.yaml`` (every learner at 5,120 bytes),
-``lifelong_levers_recall.yaml`` (the open questions as levers, 3 seeds) and ``lifelong_capacity_recall.yaml``, with
-``sweep`` and ``report``. What stays here is what a clock measures, and one study the package does not log yet:
+``lifelong_levers_recall.yaml`` (the open questions as levers, 3 seeds), ``lifelong_capacity_recall.yaml`` and the
+encoder study ``lifelong_encoder_pmnist.yaml``, with ``sweep`` and ``report``. What stays here is what a clock measures:
 
 1. **ms per token** early vs late in the stream (property 2), every learner at the matched bytes, on the
    AssociativeRecall stream (every task a new key -> value map) and on Permuted MNIST; the same runs print their
-   live recall at lags 1, 5 and 20 (read from the learner's memory only) as a check against the suites';
-2. **chunked vs recurrent tokens/s** of every op and its scaling with the chunk size (property 3);
-3. **the encoder study**: the delta rule on Permuted MNIST with the key path trained, frozen, or wider, with the
-   keys' coherence (mean |cos| between tasks), which no monitor logs yet.
+   live recall at lags 1, 5 and 20 (read from the learner's memory only) and the keys' coherence as a check against
+   the suites';
+2. **chunked vs recurrent tokens/s** of every op and its scaling with the chunk size (property 3).
 
 One process, one thread (``--threads 1``, the default): run it with ``OMP_NUM_THREADS=1`` on a shared machine.
 
@@ -45,6 +44,7 @@ from cl_lightning.data.stream import TaskStream
 from cl_lightning.learners import KNN, FullAttention, ParametricAttention, QueryOnlyAttention
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_bytes
+from cl_lightning.metrics.key_coherence import cross_task_coherence
 from cl_lightning.nn import fast_weights as fw
 
 LAGS = (1, 5, 20)
@@ -162,12 +162,6 @@ class Runner:
             loss.backward()
             self.optimizer.step()
 
-    def begin_task(self, task: int) -> None:
-        """What the learner's epoch-start hook does that depends on the task index (the encoder freeze)."""
-        pa = self.learner
-        if isinstance(pa, ParametricAttention) and pa.encoder_training == "frozen_after_first_task" and task >= 1:
-            pa.freeze_keys()
-
 
 def live_accuracy(learner: ContinualLearner, stream: TaskStream, task: int, queries: int) -> float:
     """Accuracy on task ``task``'s held-out queries read from the learner's memory only (no context given)."""
@@ -191,7 +185,6 @@ def run_stream(spec: Spec, stream: TaskStream, eval_last: int, queries: int, see
     recall: dict[int, list[float]] = {lag: [] for lag in LAGS}
     times, seen, bytes_trace = [], 0, []
     for task in range(stream.num_tasks):
-        runner.begin_task(task)
         for i in range(stream.num_chunks):
             batch = stream.chunk(task, i)
             start = time.perf_counter()
@@ -220,20 +213,13 @@ def run_stream(spec: Spec, stream: TaskStream, eval_last: int, queries: int, see
 
 
 def key_coherence(learner: ParametricAttention, stream: TaskStream, queries: int) -> float:
-    """Mean |cos| between the live keys of queries from the last 21 tasks that belong to different tasks.
-
-    Writes along a key erase what the state holds along every key that is not orthogonal to it, so this number
-    (0 for orthogonal keys) is how much each write disturbs older associations.
-    """
+    """Mean |cos| between the read keys (first head) of the last 21 tasks' first queries, pairs of different tasks
+    (the package's ``cross_task_coherence``, which ``KeyCoherenceMonitor`` logs)."""
     tasks = range(max(0, stream.num_tasks - 21), stream.num_tasks)
     with torch.no_grad():
-        keys = [learner.encode(stream.task(t).query_x[: min(queries, 32)]).keys for t in tasks]
-    owner = torch.cat([torch.full((k.shape[2],), i) for i, k in enumerate(keys)])
-    k = torch.cat(keys, dim=2)
-    k = (k.mean(3) if k.dim() == 5 else k)[0, 0]  # first head, (N, K)
-    cos = (k @ k.T).abs()
-    other = owner[:, None] != owner[None, :]
-    return cos[other].mean().item()
+        keys = [learner.read_keys(stream.task(t).query_x[: min(queries, 32)])[0] for t in tasks]
+    task_ids = torch.cat([torch.full((k.shape[0],), i) for i, k in enumerate(keys)])
+    return cross_task_coherence(torch.cat(keys), task_ids).item()
 
 
 # --- property 3: chunked vs recurrent throughput of every op ---------------------------------------------------------
@@ -495,22 +481,9 @@ def scorecard_table(card: dict[str, dict[str, Any]], ops: dict[str, Any]) -> str
     )
 
 
-def encoder_table(encoder: list[dict[str, Any]]) -> str:
-    """Markdown table of the encoder study."""
-    lag_keys = [f"lag{lag}" for lag in LAGS]
-    rows = [
-        [r["setting"], f"{r['bytes']:,}", f"{r['forward']:.2f}", *(_fmt(r[k]) for k in (*lag_keys, "key_coherence"))]
-        for r in encoder
-    ]
-    head = ["Permuted MNIST, delta rule", "state bytes", "forward", "live recall lag 1", "lag 5", "lag 20",
-            "key \\|cos\\|"]  # fmt: skip
-    return "\n".join(markdown_table(head, "lrrrrrr", rows))
-
-
-def tables_markdown(card: dict, ops: dict, encoder: list) -> str:
-    """``tables.md``: the scorecard and op tables and the encoder study (each where it was run)."""
-    tables = scorecard_table(card, ops) if card and ops else ""
-    return tables + ("\n\n" + encoder_table(encoder) if encoder else "")
+def tables_markdown(card: dict, ops: dict) -> str:
+    """``tables.md``: the scorecard and op tables (when both were run)."""
+    return scorecard_table(card, ops) if card and ops else ""
 
 
 def recall_text(recall: dict[int, float]) -> str:
@@ -519,7 +492,7 @@ def recall_text(recall: dict[int, float]) -> str:
 
 
 def pmnist_stream(args: argparse.Namespace) -> PermutedMNIST:
-    """The Permuted-MNIST stream of the scorecard and the encoder study (seed 0, chunks of 100, 200 queries)."""
+    """The scorecard's Permuted-MNIST stream (seed 0, chunks of 100, 200 queries)."""
     return PermutedMNIST(num_tasks=args.tasks, train_size=args.pmnist_train, query_size=200, chunk_size=100, seed=0)
 
 
@@ -546,36 +519,6 @@ def run_scorecard(args: argparse.Namespace, hidden: list[int], recall_stream: Ca
     return card
 
 
-def run_encoder_study(args: argparse.Namespace) -> list:
-    """Slow-weight drift vs fast-state capacity on Permuted MNIST (``configs/delta_rule_pmnist.yaml``'s learner):
-    the delta rule with the encoder trained online, frozen at random init, frozen after task 0, and d_k up to 1,024."""
-    stream = pmnist_stream(args)
-    width = [256, 256]
-    rows = []
-    for label, kwargs in [
-        ("encoder online, d_k 128", {}),
-        ("encoder frozen at random init, d_k 128", {"encoder_training": "frozen_random"}),
-        ("encoder frozen after task 0, d_k 128", {"encoder_training": "frozen_after_first_task"}),
-        ("encoder online, 4 heads x d_k 128", {"num_heads": 4}),
-        ("encoder online, d_k 1024", {"key_dim": 1024}),
-        ("encoder frozen at random init, d_k 1024", {"key_dim": 1024, "encoder_training": "frozen_random"}),
-    ]:
-        spec = parametric(label, width, rule=fw.DeltaRule(), **{"key_dim": 128, **kwargs})
-        spec.lr = 3e-4  # configs/delta_rule_pmnist.yaml
-        r = run_stream(spec, stream, eval_last=5, queries=200)
-        rows.append(
-            {
-                "setting": label,
-                "bytes": r["state_bytes"],
-                "forward": r["forward"],
-                **{f"lag{lag}": v for lag, v in r["recall"].items()},
-                "key_coherence": r["key_coherence"],
-            }
-        )
-        print(f"encoder study {label:<44} forward {r['forward']:.2f} {recall_text(r['recall'])}", flush=True)
-    return rows
-
-
 def run_parts(
     args: argparse.Namespace, hidden: list[int], recall_stream: Callable[..., TaskStream]
 ) -> tuple[dict[str, Any], dict[str, float]]:
@@ -583,7 +526,6 @@ def run_parts(
     runs: dict[str, Callable[[], Any]] = {
         "scorecard": lambda: run_scorecard(args, hidden, recall_stream),
         "ops": lambda: op_throughput(args.tokens, args.chunk_sizes, args.repeats),
-        "encoder": lambda: run_encoder_study(args),
     }
     parts: dict[str, Any] = {}
     seconds: dict[str, float] = {}
@@ -615,8 +557,7 @@ def start(name: str, p: argparse.ArgumentParser, argv: list[str] | None) -> Benc
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the scorecard, the op throughput and the encoder study (each unless
-    skipped); write JSON, tables and figures under ``--out``."""
+    """Run the scorecard and the op throughput (each unless skipped); write JSON, tables and figures under ``--out``."""
     p = parser(__doc__, repeats=2, repeats_help="best-of rounds of each op timing",
                out=Path("benchmarks/results/lifelong_icl"))  # fmt: skip
     p.add_argument("--tasks", type=int, default=25, help="tasks per stream (>= 21 for lag 20)")
@@ -628,7 +569,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--tokens", type=int, default=2_048, help="sequence length of the op throughput test")
     p.add_argument("--chunk-sizes", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
     p.add_argument("--quick", action="store_true", help="a smoke run: fewer tasks, one seed, short streams")
-    p.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops", "encoder"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["scorecard", "ops"])
     bench = start("lifelong_icl", p, argv)
     args = bench.args
     if args.quick:
@@ -651,13 +592,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     parts, seconds = run_parts(args, [128], recall_stream)
     card, ops = parts.get("scorecard", {}), parts.get("ops", {})
-    encoder = parts.get("encoder", [])
-    result = {"scorecard": card, "ops": ops, "encoder": encoder}
+    result = {"scorecard": card, "ops": ops}
     result["seconds"] = time.perf_counter() - started
     saved = {"args": {k: str(v) for k, v in vars(args).items()}, **result}
     (args.out / "scorecard.json").write_text(json.dumps(saved, indent=1, default=str))
     write_figures(card, ops, args.out)
-    tables = tables_markdown(card, ops, encoder)
+    tables = tables_markdown(card, ops)
     (args.out / "tables.md").write_text(tables)
     notes = [tables, f"total {result['seconds'] / 60:.1f} min; results in {args.out}"]
     overview = [[part, s] for part, s in seconds.items()]

@@ -216,6 +216,16 @@ class ObservedLearner(Protocol):
 
 
 @runtime_checkable
+class KeyedLearner(ObservedLearner, Protocol):
+    """A learner that reads its memory along keys made from the input (``ParametricAttention``)."""
+
+    def read_keys(self, x: Tensor) -> Tensor:
+        """The unit keys the memory is read with for inputs ``x``: shape (H, N, K), per head (an example that makes
+        several keys: their mean)."""
+        ...
+
+
+@runtime_checkable
 class EpisodeSource(Protocol):
     """What a callback or a task-aware learner may ask of the data module (the ``StreamDataModule`` has all of it).
 

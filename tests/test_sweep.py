@@ -109,7 +109,12 @@ def test_bad_suites_are_clear_errors(tmp_path: Path, spec: dict, message: str) -
         load_suite(path)
 
 
-LIFELONG_SEEDS = {"lifelong_scorecard": 1, "lifelong_levers": 3, "lifelong_capacity": 3}  # the others': 5
+LIFELONG_SEEDS = {
+    "lifelong_scorecard": 1,
+    "lifelong_encoder": 1,
+    "lifelong_levers": 3,
+    "lifelong_capacity": 3,
+}  # else 5
 
 
 @pytest.mark.parametrize("path", SUITES, ids=lambda p: p.stem)

@@ -162,6 +162,11 @@ class ParametricAttention(ContinualLearner):
         beta = self.beta_proj(h).sigmoid().T.unsqueeze(0)  # (1, H, N)
         return Encoded(keys, beta, **self.rule.gates(self, h))
 
+    def read_keys(self, x: Tensor) -> Tensor:
+        """The keys the state is read with for ``x``, (H, N, K) (``kv_pairs`` keys of an example: their mean)."""
+        keys = self.encode(x).keys[0]  # (H, N[, P], K)
+        return keys.mean(2) if keys.dim() == 4 else keys
+
     def values(self, y: Tensor, dtype: torch.dtype) -> Tensor:
         """Values ``(1, H, N, V)``: onehot(y) for classification, y for regression, the same for every head."""
         v = nn.functional.one_hot(y, self.num_outputs) if self.task_type == "classification" else y.view(len(y), -1)

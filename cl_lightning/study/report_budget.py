@@ -37,6 +37,7 @@ from cl_lightning.study.results import Experiment, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
 PROBES = {"written": "written keys", "unseen": "unseen keys (rule)"}  # the P1 probe's slots and their columns
+LAST = {"fast_weights/key_coherence": "key \\|cos\\|"}  # read after the last task (callbacks.KeyCoherenceMonitor)
 REFERENCES = {  # the P1 probe's references (callbacks.RuleReferenceMonitor) and their rows
     "reference/least_squares_acc": "least squares on the task's examples",
     "reference/nearest_pair_acc": "nearest written pair (1-NN, unbounded)",
@@ -61,6 +62,11 @@ def probes_of(experiments: Sequence[Experiment]) -> list[str]:
     return [role for role in PROBES if role in logged]
 
 
+def last_tags_of(experiments: Sequence[Experiment]) -> list[str]:
+    """The tags of :data:`LAST` any experiment logged, in its order."""
+    return [tag for tag in LAST if any(tag in exp.curves for exp in experiments)]
+
+
 def references(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     """Each reference's unseen-key accuracy over the tasks the P1 probe scored (``eval/unseen_<m>`` logged), from
     the first experiment that logged the references: ``{label: {"stream", "unseen", "unseen_std"}}``."""
@@ -83,9 +89,10 @@ def holds_buffer(suite_dir: Path, experiment: str) -> bool:
     return False
 
 
-def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = ()) -> dict[str, Any]:
-    """One experiment's numbers: bytes held, forward after the last task, ``mean{L}`` / ``std{L}`` per lag and
-    ``{probe}`` / ``{probe}_std`` per P1 probe slot."""
+def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = (), last: Sequence[str] = ()) -> dict[str, Any]:
+    """One experiment's numbers: bytes held, forward after the last task, ``mean{L}`` / ``std{L}`` per lag,
+    ``{probe}`` / ``{probe}_std`` per P1 probe slot and ``{tag}`` / ``{tag}_std`` per :data:`LAST` tag (each seed's
+    value after its last task)."""
     held, _, _ = last_value(exp.rows("memory/budget_bytes"))
     out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held)}
     forward = last_logged(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
@@ -95,6 +102,8 @@ def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = ()) -> di
         out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
     for probe in probes:
         out[probe], out[f"{probe}_std"] = seed_mean_std(exp.rows(metric_key(EvalSlot(probe), exp.metric)))
+    for tag in last:
+        out[tag], out[f"{tag}_std"] = seed_mean_std(last_logged(exp.rows(tag)))
     return out
 
 
@@ -150,12 +159,16 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
     """The cells by learner (experiment label) and budget, the buffer learners, the lags and the crossovers."""
     budgets, lags, probes = meta.get("budgets") or {}, lags_of(experiments), probes_of(experiments)
+    last = last_tags_of(experiments)
     cells: dict[str, dict[int, dict[str, Any]]] = {}
     streams, buffers = {}, set()
     for exp in experiments:
         if exp.name not in budgets:
             continue
-        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {"experiment": exp.name, **cell(exp, lags, probes)}
+        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {
+            "experiment": exp.name,
+            **cell(exp, lags, probes, last),
+        }
         streams[exp.label] = exp.stream or ""
         if holds_buffer(suite_dir, exp.name):
             buffers.add(exp.label)
@@ -163,7 +176,12 @@ def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
     both = 0 < len(buffers) < len(cells)  # a crossover needs buffer learners and rules (the goals: rules only)
     cross = {lag: crossover(cells, buffers, lag) for lag in lags} if both else {}
     study = {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
-    return {**study, "probes": probes, "references": references(experiments) if "unseen" in probes else {}}
+    return {
+        **study,
+        "probes": probes,
+        "last": last,
+        "references": references(experiments) if "unseen" in probes else {},
+    }
 
 
 def mean_std(mean: float, std: float) -> str:
@@ -183,19 +201,22 @@ def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[st
 
 def budget_markdown(study: dict[str, Any]) -> str:
     """The budget table (a row per learner and budget) and the crossover line."""
-    lags, probes = study["lags"], study.get("probes", [])
+    lags, probes, last = study["lags"], study.get("probes", []), study.get("last", [])
     rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
         width = len(COLUMNS) + len(lags) + len(probes)
-        rows.append([ref["stream"], name, *["-"] * (width - 3), f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"])
+        unseen = f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"
+        rows.append([ref["stream"], name, *["-"] * (width - 3), unseen, *["-"] * len(last)])
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
             recall = [f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags]
-            recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in probes]
+            recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in (*probes, *last)]
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
             forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
             rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
-    lines = markdown_rows([*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)], rows)
+    lines = markdown_rows(
+        [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes), *(LAST[t] for t in last)], rows
+    )
     if not study["crossover"]:
         return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
