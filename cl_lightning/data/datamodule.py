@@ -7,11 +7,9 @@ first ``W · ⌊B / W⌋`` (the last ``B mod W`` examples of a chunk, fewer than
 holds as many examples as every other's, so a learner that waits for its memory to fill starts stepping on the
 same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients). Every rank
 evaluates every episode (the learner's scores are averaged over the ranks), so every rank logs the same keys.
-Evaluation after task ``t``:
+Evaluation after task ``t`` (docs/protocol.md §3):
 
-- **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
-- **backward**: the episode of task ``t − backward_lag`` (with several lags, the mean over them: the paper uses
-  lag 5 on image streams and the mean over lags 1..5 on slowly changing regression);
+- **forward** and **backward**: the episodes of task ``t`` and of task ``t − backward_lag`` (several lags: the mean);
 - **lags** (optional, ``lags``): the episode of task ``t − L`` for each lag L, each logged under its own name
   (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
   lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
@@ -28,8 +26,7 @@ Evaluation after task ``t``:
 - **revisions** (optional, ``revisions``, on a stream that revises values, ``stream.revise``): the current task's
   queries of the keys revised at this task, against their new value (``eval/revised_{m}``) and their old one
   (``eval/stale_{m}``: the share still answered with the old value), after every task but the stream's first;
-- **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
-  the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
+- **accuracy matrix**: after each of the ``num_probe_tasks`` probe tasks, the episodes of every probe task.
 
 Warm-up tasks (the stream's ``warmup_tasks`` = W) train in epochs ``0..W−1`` and evaluate nothing; everything about
 evaluation counts the **evaluated** tasks from 0 (evaluated task ``e`` is stream task ``W + e``, docs/protocol.md §2),
