@@ -131,7 +131,7 @@ class AssociativeRecall(TaskStream):
         """The task's items as queries (clean keys and their values), the first ``context_size`` training examples
         as context: recall of what the task wrote."""
         data, (keys, values) = self.task(task), self.items(task)
-        return Episode(data.train_x[:context_size], data.train_y[:context_size], keys, values)
+        return Episode(*self.context(data, context_size), keys, values)
 
     def unseen_keys(self, task: int) -> torch.Tensor:
         """``rule=True``: the task's held-out query keys, fresh draws never written, (query_size, input_dim)."""

@@ -10,8 +10,6 @@ permutation of task t mod k, with its own fresh draw of images, so an old task c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
@@ -73,8 +71,7 @@ class PermutedMNIST(TaskStream):
 
     def _load(self) -> tuple[Tensor, Tensor]:
         if self._images is None or self._labels is None:
-            root = None if self.data_root is None else Path(self.data_root)
-            images, labels = load_mnist(root, "train", download=self.download)
+            images, labels = load_mnist(self.data_root, "train", download=self.download)
             self._images = resize_like_pil(images, self.image_size).flatten(1)  # (60000, D)
             self._labels = labels
         return self._images, self._labels

@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from cl_lightning.data.stream import Episode, TaskData, TaskStream, task_generator
+from cl_lightning.data.stream import TaskData, TaskStream, task_generator
 
 DriftName = Literal["redraw_all", "flip_one"]
 
@@ -154,9 +154,7 @@ class SlowlyChangingRegression(TaskStream):
         k = self.train_size
         return TaskData(x[:k], y[:k], x[k:], y[k:])
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """Context = the ``context_size`` steps just before the held-out block (paper: 100); queries = that block."""
-        data = self.task(task)
-        n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
+    def context(self, data: TaskData, context_size: int) -> tuple[Tensor, Tensor]:
+        """The ``context_size`` steps just before the held-out block (paper: 100): the end of the training portion."""
         lo = max(0, self.train_size - context_size)
-        return Episode(data.train_x[lo:], data.train_y[lo:], data.query_x[:n_q], data.query_y[:n_q])
+        return data.train_x[lo:], data.train_y[lo:]

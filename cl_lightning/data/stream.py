@@ -150,15 +150,19 @@ class TaskStream(ABC):
         x, y = data.train_x[lo : lo + self.chunk_size], data.train_y[lo : lo + self.chunk_size]
         return StreamBatch(x, y, torch.full((x.shape[0],), task, dtype=torch.long))
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """The evaluation episode of ``task``: the first ``context_size`` training examples and the held-out queries.
+    def context(self, data: TaskData, context_size: int) -> tuple[Tensor, Tensor]:
+        """An episode's labelled context: the first ``context_size`` examples of the task's training portion (the
+        paper takes it from there; a stream may take others)."""
+        return data.train_x[:context_size], data.train_y[:context_size]
 
-        The context is what a support-set learner may use (the paper takes it from the task's training portion);
-        the queries are never trained on. ``num_queries`` keeps the first queries only (cheaper evaluation).
+    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
+        """The evaluation episode of ``task``: the :meth:`context` and the held-out queries, never trained on.
+
+        ``num_queries`` keeps the first queries only (cheaper evaluation).
         """
         data = self.task(task)
         n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
-        return Episode(data.train_x[:context_size], data.train_y[:context_size], data.query_x[:n_q], data.query_y[:n_q])
+        return Episode(*self.context(data, context_size), data.query_x[:n_q], data.query_y[:n_q])
 
     def written_episode(self, task: int, context_size: int) -> Episode:
         """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as
