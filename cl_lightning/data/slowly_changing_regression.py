@@ -17,9 +17,8 @@ boundary: by default all 15 slow bits are redrawn uniformly (``prob.json`` of bo
 ``flip_one_prob.json`` variant, the one his Extended Data Fig. 2 describes). The first ``train_size`` steps
 (9,000) are streamed for training in arrival order, one example per chunk; the last ``query_size`` (1,000) are
 held out. The evaluation context of a task is the ``context_size`` steps just before its held-out block (paper:
-100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option: a
-warm-up task streams all ``train_size + query_size`` steps (10,000) for training in arrival order and is never
-evaluated; evaluated task 0 is stream task ``warmup_tasks`` (configs/suites/scr_cpu.yaml takes 5).
+100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option
+(docs/protocol.md §2; configs/suites/scr_cpu.yaml takes 5).
 """
 
 from __future__ import annotations
