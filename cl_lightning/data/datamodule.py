@@ -277,10 +277,9 @@ class StreamDataModule(LightningDataModule):
         ``max_examples`` (every rank sees all of it: a task-aware learner such as EWC computes the same statistics
         on every rank). A warm-up task's portion includes its held-out queries, as its training did."""
         budget = self.stream.task_train_size(task) if max_examples is None else max_examples
-        for i in range(self.stream.task_num_chunks(task)):
+        for x, y, t in ChunkDataset(self.stream, task):  # one rank: whole chunks
             if budget <= 0:
                 return
-            x, y, t = self.stream.chunk(task, i)
             yield StreamBatch(x[:budget], y[:budget], t[:budget])
             budget -= x.shape[0]
 
