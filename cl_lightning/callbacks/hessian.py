@@ -50,15 +50,6 @@ class _Episode(nn.Module):
         return self.learner.predict_episode(*episode)
 
 
-def output_layer_block(learner: ObservedLearner) -> list[str]:
-    """Parameter names (in ``learner.named_parameters()``) of ``learner.output_layer()``; empty without one."""
-    layer = learner.output_layer()
-    if layer is None:
-        return []
-    own = {id(p) for p in layer.parameters()}
-    return [name for name, p in learner.named_parameters() if id(p) in own]
-
-
 class HessianMonitor(Callback):
     """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task
     (docs/metrics.md §4: the logged values, the two methods, the cost and memory knobs, the paper's choices).
@@ -124,11 +115,14 @@ class HessianMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
 
     def block(self, pl_module: ObservedLearner) -> list[str]:
-        """The parameter names differentiated."""
+        """The parameter names differentiated: ``parameters``, else the ``output_layer()``'s (none without one) for
+        ``"exact"`` and every trainable one for ``"lanczos"``."""
         if self.parameters is not None:
             return list(self.parameters)
         if self.method == "exact":
-            return output_layer_block(pl_module)
+            layer = pl_module.output_layer()
+            own = set() if layer is None else {id(p) for p in layer.parameters()}
+            return [name for name, p in pl_module.named_parameters() if id(p) in own]
         return [name for name, p in pl_module.named_parameters() if p.requires_grad]
 
     def measure(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
