@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 
 from cl_lightning.contract import ObservedLearner, steps_in
-from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_bytes
+from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_bytes, tensor_bytes
 
 
 class CostMonitor(Callback):
@@ -68,7 +68,7 @@ class CostMonitor(Callback):
         row = stream_row_bytes(stream, self.row_precision) if stream is not None else None
         log = {
             "memory/context_bytes": float(pl_module.context_memory_bytes()),
-            "memory/param_bytes": float(sum(p.numel() * p.element_size() for p in pl_module.parameters())),
+            "memory/param_bytes": float(tensor_bytes(pl_module.parameters())),
             "memory/budget_bytes": float(memory_bytes(pl_module, row).budget),
         }
         if self._start is not None and self._steps:

@@ -28,6 +28,9 @@ from cl_lightning.metrics import (
 )
 from cl_lightning.metrics.figures import accuracy_matrix_figure, transfer_curves_figure
 
+_STATE = ("matrix", "baseline", "forward", "backward")
+"""The tensors a checkpoint keeps (besides the probe tasks)."""
+
 
 class ForgettingMonitor(Callback):
     """Fills the probe-set accuracy matrix ``R`` and logs ACC, BWT, FWT, forgetting and intransigence, with figures
@@ -66,10 +69,14 @@ class ForgettingMonitor(Callback):
         self.plot, self.plot_budget = plot, plot_budget
         self._fit_start, self._plot_seconds = time.monotonic(), 0.0
         self.probe_tasks: list[int] = []
-        self.matrix = torch.empty(0, 0, dtype=torch.float64)  # (K, K) R, NaN where not measured
-        self.baseline = torch.empty(0, dtype=torch.float64)  # (K,) b: score at initialisation
-        self.forward = torch.empty(0, dtype=torch.float64)  # (T,) eval/forward_{m} after each task
-        self.backward = torch.empty(0, dtype=torch.float64)  # (T,) eval/backward_{m} after each task
+        self._allocate(0, 0)
+
+    def _allocate(self, k: int, t: int) -> None:
+        """``R`` and the curves at their final shapes for ``k`` probe tasks and ``t`` evaluated tasks, NaN-filled."""
+        self.matrix = torch.full((k, k), math.nan, dtype=torch.float64)  # (K, K) R, NaN where not measured
+        self.baseline = torch.full((k,), math.nan, dtype=torch.float64)  # (K,) b: score at initialisation
+        self.forward = torch.full((t,), math.nan, dtype=torch.float64)  # (T,) eval/forward_{m} after each task
+        self.backward = torch.full((t,), math.nan, dtype=torch.float64)  # (T,) eval/backward_{m} after each task
 
     def setup(self, trainer: Trainer, pl_module: ObservedLearner, stage: str) -> None:
         """Allocate ``R`` (K × K) and the per-task curves at their final shapes, NaN-filled."""
@@ -78,21 +85,11 @@ class ForgettingMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
         dm: EpisodeSource = trainer.datamodule
         self.probe_tasks = list(dm.probe_tasks)
-        k, t = len(self.probe_tasks), dm.num_evaluated_tasks  # warm-up tasks have no row, column or curve point
-        self.matrix = torch.full((k, k), math.nan, dtype=torch.float64)
-        self.baseline = torch.full((k,), math.nan, dtype=torch.float64)
-        self.forward = torch.full((t,), math.nan, dtype=torch.float64)
-        self.backward = torch.full((t,), math.nan, dtype=torch.float64)
+        self._allocate(len(self.probe_tasks), dm.num_evaluated_tasks)  # warm-up tasks: no row, column or point
 
     def state_dict(self) -> dict[str, Any]:
         """``R``, b, the forward/backward curves and the probe tasks they belong to."""
-        return {
-            "probe_tasks": list(self.probe_tasks),
-            "matrix": self.matrix.clone(),
-            "baseline": self.baseline.clone(),
-            "forward": self.forward.clone(),
-            "backward": self.backward.clone(),
-        }
+        return {"probe_tasks": list(self.probe_tasks)} | {name: getattr(self, name).clone() for name in _STATE}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state saved by :meth:`state_dict` (the probe set must be the same)."""
@@ -101,7 +98,7 @@ class ForgettingMonitor(Callback):
                 f"checkpoint's probe tasks {state_dict['probe_tasks']} differ from this run's {self.probe_tasks}"
             )
         self.probe_tasks = list(state_dict["probe_tasks"])
-        for name in ("matrix", "baseline", "forward", "backward"):
+        for name in _STATE:
             setattr(self, name, state_dict[name].clone().to(torch.float64))
 
     def recent_means(self, n: int = 10) -> dict[str, tuple[float, int]]:

@@ -1,20 +1,13 @@
-"""Hessian effective rank of the learner's loss on held-out queries of the current task (docs/metrics.md §4).
+"""Hessian effective rank of the learner's loss on held-out queries of the current task (docs/metrics.md §4: the
+logged values, the two methods, the cost and memory knobs, the paper's choices).
 
 The loss is the learner's own on an evaluation episode, ``pl_module.loss(pl_module.predict_episode(context_x,
 context_y, query_x), query_y)``, so a support-set learner is measured with its support set as the paper does, and
 it is differentiated with respect to a flat parameter block through ``torch.func.functional_call`` on a thin
 wrapper module (:func:`cl_lightning.metrics.flat_loss`): nothing touches ``.grad``, the optimiser or the weights.
-
-Two methods (``method``):
-
-- ``"exact"`` (default; the paper): the dense Hessian of one block, by default the learner's ``output_layer()``
-  (weight and bias, as the paper's fc11 of QOA and output layer of BP), from vmapped forward-over-reverse HVPs on
-  the identity columns (``torch.func.jvp`` of ``torch.func.grad``), eigenvalues by float64 ``eigvalsh``. P up to a
-  few thousand.
-- ``"lanczos"``: the whole network (any P): the top eigenvalues by SciPy's ``eigsh`` (ARPACK implicitly restarted
-  Lanczos on a ``LinearOperator`` of HVPs) and the effective rank and trace by stochastic Lanczos quadrature
-  (:mod:`cl_lightning.metrics.slq`, hand-written: SLQ needs only short seeded Lanczos runs, and
-  ``curvlinops-for-pytorch`` would add a dependency with its own parameter conventions for one estimator).
+The spectra are computed in :mod:`cl_lightning.metrics.hessian` (``"exact"``: the dense Hessian of one block from
+vmapped HVPs, float64 ``eigvalsh``) and :mod:`cl_lightning.metrics.slq` (``"lanczos"``: ``eigsh`` and stochastic
+Lanczos quadrature for the whole network).
 """
 
 from __future__ import annotations
@@ -57,27 +50,15 @@ class _Episode(nn.Module):
         return self.learner.predict_episode(*episode)
 
 
-def output_layer_block(learner: ObservedLearner) -> list[str]:
-    """Parameter names (in ``learner.named_parameters()``) of ``learner.output_layer()``; empty without one."""
-    layer = learner.output_layer()
-    if layer is None:
-        return []
-    own = {id(p) for p in layer.parameters()}
-    return [name for name, p in learner.named_parameters() if id(p) in own]
-
-
 class HessianMonitor(Callback):
     """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task
     (docs/metrics.md §4: the logged values, the two methods, the cost and memory knobs, the paper's choices).
 
-    After task ``t``'s training portion (``t % every_n_tasks == 0``; the authors' code measures at the end of each
-    task), in eval mode, on the first ``num_queries`` held-out queries of task ``t`` with the episode's context;
-    logged raw under ``hessian/*`` (``hessian/lanczos/*`` with ``"lanczos"``, so one monitor of each method can run
-    side by side). A learner without a differentiable block (kNN), one whose ``predict_episode`` ``torch.func``
-    cannot transform, and an exact block above ``max_exact_params`` get one warning and no scalars, not a failed
-    run. With ``query_chunk`` the HVPs run over query chunks (:func:`~cl_lightning.metrics.summed_hvp`: the loss is a
-    mean over queries each answered from the context alone); the first measurement checks that premise on the loss
-    value and falls back to whole episodes, with a warning, for a learner whose queries interact.
+    After task ``t``'s training portion (``t % every_n_tasks == 0``), in eval mode, on the first ``num_queries``
+    held-out queries of task ``t`` with the episode's context; logged raw under ``hessian/*`` (``hessian/lanczos/*``
+    with ``"lanczos"``, so one monitor of each method can run side by side). A learner or block it cannot measure gets
+    one warning and no scalars, not a failed run; ``query_chunk`` is checked once and falls back to whole episodes,
+    with a warning, for a learner whose queries interact.
 
     Args:
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).
@@ -134,11 +115,14 @@ class HessianMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
 
     def block(self, pl_module: ObservedLearner) -> list[str]:
-        """The parameter names differentiated."""
+        """The parameter names differentiated: ``parameters``, else the ``output_layer()``'s (none without one) for
+        ``"exact"`` and every trainable one for ``"lanczos"``."""
         if self.parameters is not None:
             return list(self.parameters)
         if self.method == "exact":
-            return output_layer_block(pl_module)
+            layer = pl_module.output_layer()
+            own = set() if layer is None else {id(p) for p in layer.parameters()}
+            return [name for name, p in pl_module.named_parameters() if id(p) in own]
         return [name for name, p in pl_module.named_parameters() if p.requires_grad]
 
     def measure(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:

@@ -29,18 +29,15 @@ from cl_lightning.metrics import (
 )
 
 
-def _plain(t: Tensor) -> Tensor:
-    """``t`` without torch.func wrappers (same values): a learner that adapts functionally (MAML's inner loop under
-    ``grad``) runs its layers inside a transform, where :class:`StridedRows`' in-place writes to its buffer would be
-    refused as mutations of a captured tensor; the hook stores the plain tensor with torch.func disabled."""
-    while is_functorch_wrapped_tensor(t):
-        t = get_unwrapped(t)
-    return t
-
-
 def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
-    """Features as (rows, units): (…, D) → (N, D); a convolution's (N, C, *spatial) → (N·positions, C)."""
-    out = _plain(out)
+    """Features as (rows, units): (…, D) → (N, D); a convolution's (N, C, *spatial) → (N·positions, C).
+
+    Without torch.func wrappers (same values): a learner that adapts functionally (MAML's inner loop under ``grad``)
+    runs its layers inside a transform, where :class:`StridedRows`' in-place writes to its buffer would be refused as
+    mutations of a captured tensor; the hook stores the plain tensor with torch.func disabled.
+    """
+    while is_functorch_wrapped_tensor(out):
+        out = get_unwrapped(out)
     if isinstance(module, nn.modules.conv._ConvNd):
         out = out.movedim(1, -1)
     return out.reshape(-1, out.shape[-1])

@@ -39,7 +39,7 @@ from typing import Literal
 import torch
 
 from cl_lightning.contract import Episode
-from cl_lightning.data.stream import TaskData, TaskStream, task_generator
+from cl_lightning.data.stream import TaskData, TaskStream, check_at_least, task_generator
 
 
 class AssociativeRecall(TaskStream):
@@ -81,21 +81,17 @@ class AssociativeRecall(TaskStream):
         rule: bool = False,
         seed: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
-        if num_items < 1 or num_classes < 2 or input_dim < 1 or train_size < 1 or query_size < 1 or noise < 0:
-            raise ValueError("need num_items, input_dim, train_size, query_size >= 1, num_classes >= 2, noise >= 0")
+        super().__init__(num_tasks, train_size, query_size, chunk_size, seed=seed, recur_every=recur_every)
+        check_at_least(1, num_items=num_items, input_dim=input_dim)
+        check_at_least(2, num_classes=num_classes)
+        check_at_least(0, noise=noise)
         if not 0.0 < change_fraction <= 1.0:
             raise ValueError(f"change_fraction must be in (0, 1], got {change_fraction}")
-        if recur_every is not None and recur_every < 1:
-            raise ValueError(f"recur_every must be >= 1, got {recur_every}")
-        if chunk_size > train_size:
-            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
         if rule and revise:
             raise ValueError("rule and revise exclude each other: a revised key's new value would break the rule")
         self.rule = rule
         self.num_items, self.num_outputs, self.input_shape = num_items, num_classes, (input_dim,)
-        self._train_size, self.query_size, self.noise = train_size, query_size, noise
-        self.change_fraction, self.revise, self.recur_every = change_fraction, revise, recur_every
+        self.noise, self.change_fraction, self.revise = noise, change_fraction, revise
         self.period = max(1, round(1.0 / change_fraction))  # an item lives this many tasks
         order = torch.randperm(num_items, generator=task_generator(seed, 0, salt=7))
         self.offsets = order % self.period  # slot j is renewed at the tasks s with (s + offset_j) % period == 0
@@ -103,15 +99,6 @@ class AssociativeRecall(TaskStream):
         self.fixed_keys = torch.randn(num_items, input_dim, generator=gen) / input_dim**0.5
         self.value_base = torch.randint(0, num_classes, (num_items,), generator=gen)
         self.value_step = torch.randint(1, num_classes, (num_items,), generator=gen)
-
-    @property
-    def train_size(self) -> int:
-        """Training examples per task."""
-        return self._train_size
-
-    def map_of(self, task: int) -> int:
-        """The task whose map ``task`` shows: itself, or ``task mod recur_every`` when maps recur."""
-        return task if self.recur_every is None else task % self.recur_every
 
     def born(self, task: int) -> torch.Tensor:
         """The task at which each slot's current item appeared, shape (num_items,) (may be < 0: before the stream)."""
@@ -144,7 +131,7 @@ class AssociativeRecall(TaskStream):
         """The task's items as queries (clean keys and their values), the first ``context_size`` training examples
         as context: recall of what the task wrote."""
         data, (keys, values) = self.task(task), self.items(task)
-        return Episode(data.train_x[:context_size], data.train_y[:context_size], keys, values)
+        return Episode(*self.context(data, context_size), keys, values)
 
     def unseen_keys(self, task: int) -> torch.Tensor:
         """``rule=True``: the task's held-out query keys, fresh draws never written, (query_size, input_dim)."""
@@ -154,7 +141,7 @@ class AssociativeRecall(TaskStream):
     def slots(self, task: int) -> torch.Tensor:
         """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``."""
         gen = task_generator(self.seed, task)
-        return torch.randint(0, self.num_items, (self._train_size + self.query_size,), generator=gen)
+        return torch.randint(0, self.num_items, (self.train_size + self.query_size,), generator=gen)
 
     def revision_episode(
         self, task: int, context_size: int, num_queries: int | None = None, answer: Literal["new", "old"] = "new"
@@ -164,7 +151,7 @@ class AssociativeRecall(TaskStream):
         if not self.revise or task < 1:
             raise ValueError(f"a revision episode needs revise=True and a task >= 1, got revise={self.revise}, {task}")
         episode = self.episode(task, context_size, num_queries)
-        slots = self.slots(task)[self._train_size :][: episode.query_x.shape[0]]  # the queries' slots
+        slots = self.slots(task)[self.train_size :][: episode.query_x.shape[0]]  # the queries' slots
         revised = (self.born(task) == task)[slots]
         targets = episode.query_y if answer == "new" else self.items(task - 1)[1][slots]
         return episode._replace(query_x=episode.query_x[revised], query_y=targets[revised])
@@ -173,11 +160,11 @@ class AssociativeRecall(TaskStream):
         """Noisy copies of the task's items in arrival order, and fresh noisy copies as queries."""
         keys, values = self.items(task)
         gen = task_generator(self.seed, task)
-        n = self._train_size + self.query_size
+        n = self.train_size + self.query_size
         idx = torch.randint(0, self.num_items, (n,), generator=gen)  # = self.slots(task), the generator's first draw
         x = keys[idx] + self.noise * torch.randn(n, self.input_shape[0], generator=gen) / self.input_shape[0] ** 0.5
         y = values[idx]
-        k = self._train_size
+        k = self.train_size
         if self.rule:  # the queries: unseen keys under the task's rule
             unseen = self.unseen_keys(task)
             return TaskData(x[:k], y[:k], unseen, self.rule_values(task, unseen))

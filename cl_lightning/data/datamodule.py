@@ -7,11 +7,9 @@ first ``W · ⌊B / W⌋`` (the last ``B mod W`` examples of a chunk, fewer than
 holds as many examples as every other's, so a learner that waits for its memory to fill starts stepping on the
 same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients). Every rank
 evaluates every episode (the learner's scores are averaged over the ranks), so every rank logs the same keys.
-Evaluation after task ``t``:
+Evaluation after task ``t`` (docs/protocol.md §3):
 
-- **forward**: the episode of task ``t`` (context from its training portion, held-out queries);
-- **backward**: the episode of task ``t − backward_lag`` (with several lags, the mean over them: the paper uses
-  lag 5 on image streams and the mean over lags 1..5 on slowly changing regression);
+- **forward** and **backward**: the episodes of task ``t`` and of task ``t − backward_lag`` (several lags: the mean);
 - **lags** (optional, ``lags``): the episode of task ``t − L`` for each lag L, each logged under its own name
   (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
   lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
@@ -28,15 +26,11 @@ Evaluation after task ``t``:
 - **revisions** (optional, ``revisions``, on a stream that revises values, ``stream.revise``): the current task's
   queries of the keys revised at this task, against their new value (``eval/revised_{m}``) and their old one
   (``eval/stale_{m}``: the share still answered with the old value), after every task but the stream's first;
-- **accuracy matrix**: after each probe task (``num_probe_tasks`` evenly spaced tasks, the last one included),
-  the episodes of every probe task, past and future: a bounded ``K × K`` matrix however long the stream.
+- **accuracy matrix**: after each of the ``num_probe_tasks`` probe tasks, the episodes of every probe task.
 
-Warm-up tasks (the stream's ``warmup_tasks`` = W, the paper's five): epochs ``0..W−1`` train on the warm-up tasks'
-whole data and evaluate nothing. Everything about evaluation counts the **evaluated** tasks from 0: evaluated task
-``e`` is stream task ``W + e``, trained in epoch ``W + e``; the probe tasks, the log keys' ``task_{j}``, the
-forward/backward curves and the monitors' task indices are evaluated tasks, as the paper's plots start at its
-sixth task. Epochs (Lightning's ``epoch`` scalar in TensorBoard, checkpoint names) stay stream tasks: evaluated task
-``e`` is logged at epoch ``W + e``. :meth:`StreamDataModule.evaluated_task` is the one translation.
+Warm-up tasks (the stream's ``warmup_tasks`` = W) train in epochs ``0..W−1`` and evaluate nothing; everything about
+evaluation counts the **evaluated** tasks from 0 (evaluated task ``e`` is stream task ``W + e``, docs/protocol.md §2),
+and :meth:`StreamDataModule.evaluated_task` is the one translation.
 """
 
 from __future__ import annotations
@@ -49,7 +43,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch.utils.data import DataLoader, IterableDataset
 
 from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
-from cl_lightning.data.stream import TaskStream
+from cl_lightning.data.stream import TaskStream, check_at_least
 
 
 class ChunkDataset(IterableDataset):
@@ -165,29 +159,17 @@ class StreamDataModule(LightningDataModule):
         revisions: bool = False,
     ) -> None:
         super().__init__()
-        if steps_per_batch < 1:
-            raise ValueError(f"steps_per_batch must be >= 1, got {steps_per_batch}")
-        self.steps_per_batch = steps_per_batch
         backward = [backward_lag] if isinstance(backward_lag, int) else list(backward_lag)
         if not backward:
             raise ValueError("backward_lag must name at least one lag (>= 1), got []")
-        for name, value, low in (("context_size", context_size, 0), ("num_probe_tasks", num_probe_tasks, 0)):
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if min(backward) < 1:
-            raise ValueError(f"backward_lag must be >= 1, got {backward_lag}")
-        if eval_queries is not None and eval_queries < 1:
-            raise ValueError(f"eval_queries must be positive or null, got {eval_queries}")
         self.lags = sorted(set(lags or []))
-        if self.lags and self.lags[0] < 1:
-            raise ValueError(f"lags must be >= 1, got {lags}")
-        if lag_tasks is not None and lag_tasks < 1:
-            raise ValueError(f"lag_tasks must be positive or null, got {lag_tasks}")
-        self.lag_tasks = lag_tasks
-        if recall_probe_from is not None and recall_probe_from < 0:
-            raise ValueError(f"recall_probe_from must be >= 0 or null, got {recall_probe_from}")
-        self.recall_probe_from = recall_probe_from
-        self.recur_every: int | None = getattr(stream, "recur_every", None) if returns else None
+        check_at_least(1, steps_per_batch=steps_per_batch, backward_lag=min(backward), eval_queries=eval_queries)
+        check_at_least(1, lags=min(self.lags, default=None), lag_tasks=lag_tasks)
+        check_at_least(
+            0, context_size=context_size, num_probe_tasks=num_probe_tasks, recall_probe_from=recall_probe_from
+        )
+        self.steps_per_batch, self.lag_tasks, self.recall_probe_from = steps_per_batch, lag_tasks, recall_probe_from
+        self.recur_every = stream.recur_every if returns else None
         if returns and self.recur_every is None:
             raise ValueError(f"returns needs a stream whose maps recur (recur_every set), got {type(stream).__name__}")
         if revisions and not getattr(stream, "revise", False):
@@ -274,29 +256,30 @@ class StreamDataModule(LightningDataModule):
         dataset = ChunkDataset(self.stream, self._task(), rank, world, self.steps_per_batch)
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
+    def _stream_task(self, task: int) -> int:
+        """The stream task of evaluated task ``task`` (``IndexError`` outside the evaluated tasks)."""
+        if not 0 <= task < self.num_evaluated_tasks:
+            raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
+        return self.warmup_tasks + task
+
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
         """Evaluated task ``task``'s episode: the first ``context_size`` training examples as context and the first
         ``num_queries`` held-out queries (all with ``None``), on the CPU."""
-        if not 0 <= task < self.num_evaluated_tasks:
-            raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
-        return self.stream.episode(self.warmup_tasks + task, self.context_size, num_queries)
+        return self.stream.episode(self._stream_task(task), self.context_size, num_queries)
 
     def written_episode(self, task: int) -> Episode:
         """Evaluated task ``task``'s written keys as queries (the stream's
         :meth:`~cl_lightning.data.stream.TaskStream.written_episode`), with the data module's context, on the CPU."""
-        if not 0 <= task < self.num_evaluated_tasks:
-            raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
-        return self.stream.written_episode(self.warmup_tasks + task, self.context_size)
+        return self.stream.written_episode(self._stream_task(task), self.context_size)
 
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
         """Stream task ``task``'s (epoch ``task``'s) whole training portion in arrival order, chunk by chunk, cut after
         ``max_examples`` (every rank sees all of it: a task-aware learner such as EWC computes the same statistics
         on every rank). A warm-up task's portion includes its held-out queries, as its training did."""
         budget = self.stream.task_train_size(task) if max_examples is None else max_examples
-        for i in range(self.stream.task_num_chunks(task)):
+        for x, y, t in ChunkDataset(self.stream, task):  # one rank: whole chunks
             if budget <= 0:
                 return
-            x, y, t = self.stream.chunk(task, i)
             yield StreamBatch(x[:budget], y[:budget], t[:budget])
             budget -= x.shape[0]
 

@@ -29,25 +29,21 @@ def read_idx(path: Path) -> np.ndarray:
     The payload is decompressed straight into the array (no intermediate ``bytes`` object and no copy), so loading
     the 47 MB of training images holds them once.
     """
+    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        return _read_idx(path)
+        with opener(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPE:
+                raise ValueError(f"{path} is not an unsigned-byte IDX file (bad magic number); is the file corrupt?")
+            dims = f.read(4 * head[3])
+            shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(head[3]))
+            data = np.empty(int(np.prod(shape)), dtype=_IDX_DTYPE[head[2]])
+            view, filled = memoryview(data), 0
+            while filled < data.size and (n := f.readinto(view[filled:])):
+                filled += n
+            trailing = f.read(1)  # reading to the end makes gzip check the CRC: overwritten bytes are caught
     except (EOFError, zlib.error, gzip.BadGzipFile) as error:  # a damaged compressed file: not a traceback
         raise ValueError(f"{path} cannot be decompressed ({error}); the file is corrupt or truncated") from error
-
-
-def _read_idx(path: Path) -> np.ndarray:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        head = f.read(4)
-        if len(head) < 4 or head[0] != 0 or head[1] != 0 or head[2] not in _IDX_DTYPE:
-            raise ValueError(f"{path} is not an unsigned-byte IDX file (bad magic number); is the file corrupt?")
-        dims = f.read(4 * head[3])
-        shape = tuple(int.from_bytes(dims[4 * i : 4 * i + 4], "big") for i in range(head[3]))
-        data = np.empty(int(np.prod(shape)), dtype=_IDX_DTYPE[head[2]])
-        view, filled = memoryview(data), 0
-        while filled < data.size and (n := f.readinto(view[filled:])):
-            filled += n
-        trailing = f.read(1)  # reading to the end makes gzip check the CRC: overwritten bytes are caught
     if trailing:
         raise ValueError(f"{path} is longer than its header says {shape}; is the file corrupt?")
     if filled != data.size or len(dims) != 4 * head[3]:

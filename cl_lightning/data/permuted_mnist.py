@@ -10,8 +10,6 @@ permutation of task t mod k, with its own fresh draw of images, so an old task c
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import Tensor
 
@@ -53,31 +51,19 @@ class PermutedMNIST(TaskStream):
         warmup_tasks: int = 0,
         recur_every: int | None = None,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
+        super().__init__(
+            num_tasks, train_size, query_size, chunk_size, seed=seed, warmup_tasks=warmup_tasks, recur_every=recur_every
+        )
         if image_size < 1 or image_size > 28:
             raise ValueError(f"image_size must be in 1..28, got {image_size}")
-        if train_size < 1 or query_size < 1:
-            raise ValueError(f"train_size and query_size must be positive, got {train_size}, {query_size}")
         if train_size + query_size > 60_000:
             raise ValueError(f"train_size + query_size = {train_size + query_size} exceeds MNIST's 60,000 images")
-        if chunk_size > train_size:
-            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
-        if recur_every is not None and recur_every < 1:
-            raise ValueError(f"recur_every must be >= 1, got {recur_every}")
-        self.recur_every = recur_every
         self.image_size = image_size
         self.input_shape = (image_size * image_size,)
-        self._train_size = train_size
-        self.query_size = query_size
         self.data_root = data_root
         self.download = download
         self._images: Tensor | None = None
         self._labels: Tensor | None = None
-
-    @property
-    def train_size(self) -> int:
-        """Training examples per task."""
-        return self._train_size
 
     def prepare(self) -> None:
         """Load (and if asked, download) MNIST once."""
@@ -85,21 +71,19 @@ class PermutedMNIST(TaskStream):
 
     def _load(self) -> tuple[Tensor, Tensor]:
         if self._images is None or self._labels is None:
-            root = None if self.data_root is None else Path(self.data_root)
-            images, labels = load_mnist(root, "train", download=self.download)
+            images, labels = load_mnist(self.data_root, "train", download=self.download)
             self._images = resize_like_pil(images, self.image_size).flatten(1)  # (60000, D)
             self._labels = labels
         return self._images, self._labels
 
     def permutation(self, task: int) -> Tensor:
         """The pixel permutation of ``task`` (a fresh uniform permutation per task; task mod ``recur_every``'s)."""
-        source = task if self.recur_every is None else task % self.recur_every
-        return torch.randperm(self.input_shape[0], generator=task_generator(self.seed, source, salt=1))
+        return torch.randperm(self.input_shape[0], generator=task_generator(self.seed, self.map_of(task), salt=1))
 
     def split_indices(self, task: int) -> tuple[Tensor, Tensor]:
         """MNIST indices of ``task``'s training stream (arrival order) and of its held-out queries (disjoint)."""
         order = torch.randperm(60_000, generator=task_generator(self.seed, task, salt=2))
-        return order[: self._train_size], order[self._train_size : self._train_size + self.query_size]
+        return order[: self.train_size], order[self.train_size : self.train_size + self.query_size]
 
     def generate(self, task: int) -> TaskData:
         """Permute the pixels, reshuffle the 60,000 images, split into training stream and held-out queries."""

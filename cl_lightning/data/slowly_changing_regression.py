@@ -17,9 +17,8 @@ boundary: by default all 15 slow bits are redrawn uniformly (``prob.json`` of bo
 ``flip_one_prob.json`` variant, the one his Extended Data Fig. 2 describes). The first ``train_size`` steps
 (9,000) are streamed for training in arrival order, one example per chunk; the last ``query_size`` (1,000) are
 held out. The evaluation context of a task is the ``context_size`` steps just before its held-out block (paper:
-100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option: a
-warm-up task streams all ``train_size + query_size`` steps (10,000) for training in arrival order and is never
-evaluated; evaluated task 0 is stream task ``warmup_tasks`` (configs/suites/scr_cpu.yaml takes 5).
+100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option
+(docs/protocol.md §2; configs/suites/scr_cpu.yaml takes 5).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from cl_lightning.data.stream import Episode, TaskData, TaskStream, task_generator
+from cl_lightning.data.stream import TaskData, TaskStream, task_generator
 
 DriftName = Literal["redraw_all", "flip_one"]
 
@@ -101,18 +100,13 @@ class SlowlyChangingRegression(TaskStream):
         cache_tasks: int = 8,
     ) -> None:
         super().__init__(
-            num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks, cache_tasks=cache_tasks
+            num_tasks, train_size, query_size, chunk_size, seed=seed, warmup_tasks=warmup_tasks, cache_tasks=cache_tasks
         )
-        if train_size < 1 or query_size < 1:
-            raise ValueError(f"train_size and query_size must be positive, got {train_size}, {query_size}")
-        if chunk_size > train_size:
-            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
         if not 0 <= num_slow_bits <= num_inputs or num_features < 1:
             raise ValueError(f"need 0 <= num_slow_bits <= num_inputs and num_features >= 1, got {num_slow_bits}")
         if drift not in ("redraw_all", "flip_one"):
             raise ValueError(f"drift must be 'redraw_all' or 'flip_one', got {drift!r}")
         self.input_shape = (num_inputs,)
-        self._train_size, self.query_size = train_size, query_size
         self.num_slow_bits, self.beta, self.drift = num_slow_bits, beta, drift
         gen = task_generator(seed, 0, salt=11)  # the target net: one per run, never redrawn
         self.weight = _plus_minus_one((num_features, num_inputs), gen)
@@ -120,11 +114,6 @@ class SlowlyChangingRegression(TaskStream):
         self.out_weight = _plus_minus_one((1, num_features), gen)
         self.out_bias = _plus_minus_one((1,), gen)
         self._slow: Tensor | None = None  # flip_one: every task's slow bits, built once on first use
-
-    @property
-    def train_size(self) -> int:
-        """Training steps per task."""
-        return self._train_size
 
     def target(self, x: Tensor) -> Tensor:
         """The target net's outputs ``(N, 1)`` for inputs ``(N, num_inputs)``."""
@@ -155,18 +144,16 @@ class SlowlyChangingRegression(TaskStream):
 
     def generate(self, task: int) -> TaskData:
         """The task's block of steps: slow bits repeated, fresh random bits per step, targets from the fixed net."""
-        n = self._train_size + self.query_size
+        n = self.train_size + self.query_size
         fast = torch.randint(
             0, 2, (n, self.input_shape[0] - self.num_slow_bits), generator=task_generator(self.seed, task)
         )
         x = torch.cat([self.slow_bits(task).expand(n, -1), fast.float()], dim=1)  # (n, m)
         y = self.target(x)  # (n, 1)
-        k = self._train_size
+        k = self.train_size
         return TaskData(x[:k], y[:k], x[k:], y[k:])
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """Context = the ``context_size`` steps just before the held-out block (paper: 100); queries = that block."""
-        data = self.task(task)
-        n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
-        lo = max(0, self._train_size - context_size)
-        return Episode(data.train_x[lo:], data.train_y[lo:], data.query_x[:n_q], data.query_y[:n_q])
+    def context(self, data: TaskData, context_size: int) -> tuple[Tensor, Tensor]:
+        """The ``context_size`` steps just before the held-out block (paper: 100): the end of the training portion."""
+        lo = max(0, self.train_size - context_size)
+        return data.train_x[lo:], data.train_y[lo:]

@@ -66,19 +66,12 @@ class SplitImages(TaskStream):
         num_classes: int,
         seed: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed)
-        if train_size < 2 or query_size < 2 or train_size % 2 or query_size % 2:
-            raise ValueError(f"train_size and query_size must be even and >= 2, got {train_size}, {query_size}")
-        if chunk_size > train_size:
-            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
+        super().__init__(num_tasks, train_size, query_size, chunk_size, seed=seed)
+        if train_size % 2 or query_size % 2:  # half of each per class
+            raise ValueError(f"train_size and query_size must be even, got {train_size}, {query_size}")
         if num_classes < 2:
             raise ValueError(f"num_classes must be >= 2, got {num_classes}")
-        self._train_size, self.query_size, self.num_classes = train_size, query_size, num_classes
-
-    @property
-    def train_size(self) -> int:
-        """Training images per task."""
-        return self._train_size
+        self.num_classes = num_classes
 
     @abstractmethod
     def class_images(self, label: int) -> tuple[Tensor, Tensor]:
@@ -104,11 +97,11 @@ class SplitImages(TaskStream):
         xs, qs = [], []
         for label in self.classes(task):
             train, held_out = self.class_images(label)
-            xs.append(self._draw(train, self._train_size // 2, "training", label, gen))
+            xs.append(self._draw(train, self.train_size // 2, "training", label, gen))
             qs.append(self._draw(held_out, self.query_size // 2, "held-out", label, gen))
-        order = torch.randperm(self._train_size, generator=gen)  # arrival order of the pair's images
+        order = torch.randperm(self.train_size, generator=gen)  # arrival order of the pair's images
         q_order = torch.randperm(self.query_size, generator=gen)  # so a prefix (eval_queries) holds both classes
-        y = torch.arange(2).repeat_interleave(self._train_size // 2)
+        y = torch.arange(2).repeat_interleave(self.train_size // 2)
         qy = torch.arange(2).repeat_interleave(self.query_size // 2)
         x, qx = torch.cat(xs)[order].float() / 255, torch.cat(qs)[q_order].float() / 255
         return TaskData(x, y[order], qx, qy[q_order])

@@ -4,11 +4,9 @@ A stream is cheap to construct, knows its shapes, and regenerates any task from 
 task is stored, so task 7,499 costs what task 0 costs and a resumed run sees exactly the data an uninterrupted
 run would.
 
-Warm-up tasks (the paper's code, ``past_task_offset`` = 5): the first ``warmup_tasks`` tasks train on their whole
-data, the held-out queries appended after the training portion (on slowly changing regression all 10,000 points in
-arrival order, on Permuted MNIST all 60,000 images: 150 chunks of 400 instead of 145), and are never evaluated. The
-stream numbers every task (warm-up ones included: epoch ``t`` trains stream task ``t``); the data module numbers the
-evaluated tasks from 0, so evaluated task ``e`` is stream task ``warmup_tasks + e`` (docs/protocol.md §2).
+Warm-up tasks (``warmup_tasks``, the paper's ``past_task_offset`` = 5) train on their whole data, the held-out
+queries appended after the training portion, and are never evaluated; the stream numbers every task, the data module
+only the evaluated ones (docs/protocol.md §2).
 """
 
 from __future__ import annotations
@@ -33,6 +31,14 @@ class TaskData(NamedTuple):
     query_y: Tensor
 
 
+def check_at_least(low: float, **values: float | None) -> None:
+    """Raise ``ValueError("<name> must be >= <low>, got <value>")`` for the first of ``values`` below ``low``; a value
+    left unset (``None``) passes."""
+    for name, value in values.items():
+        if value is not None and value < low:
+            raise ValueError(f"{name} must be >= {low}, got {value}")
+
+
 def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:
     """A CPU generator seeded from ``(seed, task)`` alone, so a task never depends on what ran before it."""
     gen = torch.Generator()
@@ -47,13 +53,17 @@ class TaskStream(ABC):
 
     Args:
         num_tasks: Number of tasks in the stream (one epoch each).
-        chunk_size: Examples per training chunk (one learner step per chunk).
+        train_size: Training examples per evaluated task (a warm-up task trains on its held-out queries too).
+        query_size: Held-out queries per task.
+        chunk_size: Examples per training chunk (one learner step per chunk), at most ``train_size``.
         seed: Seed of the stream; task ``t`` is a pure function of ``(seed, t)``.
         cache_tasks: How many generated tasks to keep in memory (LRU). Within a task the stream reads the current
             task and the backward episode's; other tasks (probe rows) are regenerated, ~20 ms for a paper-size
             Permuted MNIST task, which holds 12 MB.
         warmup_tasks: The first tasks that train on all their data (held-out queries included) and are never
             evaluated (paper: 5; default 0). At least one task must remain to evaluate.
+        recur_every: If set, task ``t`` shows the map (permutation, key -> value map) of task ``t mod recur_every``,
+            so every map returns after ``recur_every`` tasks (only streams that take the argument).
     """
 
     input_shape: tuple[int, ...]
@@ -61,12 +71,20 @@ class TaskStream(ABC):
     task_type: TaskType
 
     def __init__(
-        self, num_tasks: int, chunk_size: int, seed: int = 0, cache_tasks: int = 2, warmup_tasks: int = 0
+        self,
+        num_tasks: int,
+        train_size: int,
+        query_size: int,
+        chunk_size: int,
+        seed: int = 0,
+        cache_tasks: int = 2,
+        warmup_tasks: int = 0,
+        recur_every: int | None = None,
     ) -> None:
-        if num_tasks < 1:
-            raise ValueError(f"num_tasks must be >= 1, got {num_tasks}")
-        if chunk_size < 1:
-            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        check_at_least(1, num_tasks=num_tasks, chunk_size=chunk_size, train_size=train_size, query_size=query_size)
+        check_at_least(1, recur_every=recur_every)
+        if chunk_size > train_size:
+            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
         if not 0 <= warmup_tasks < num_tasks:
             raise ValueError(
                 f"warmup_tasks must be in 0..num_tasks - 1 = {num_tasks - 1} (at least one task is evaluated), "
@@ -75,18 +93,19 @@ class TaskStream(ABC):
         self.num_tasks = num_tasks
         self.warmup_tasks = warmup_tasks
         self.chunk_size = chunk_size
+        self.train_size, self.query_size = train_size, query_size
+        self.recur_every = recur_every
         self.seed = seed
         self._cache: OrderedDict[int, TaskData] = OrderedDict()
         self._cache_tasks = max(1, cache_tasks)
 
-    @property
-    @abstractmethod
-    def train_size(self) -> int:
-        """Training examples per evaluated task (a warm-up task trains on its held-out queries too)."""
-
     @abstractmethod
     def generate(self, task: int) -> TaskData:
         """Build task ``task`` from ``(self.seed, task)`` with tensor operations (no per-example Python loop)."""
+
+    def map_of(self, task: int) -> int:
+        """The task whose map ``task`` shows: itself, or ``task mod recur_every`` when maps recur."""
+        return task if self.recur_every is None else task % self.recur_every
 
     def prepare(self) -> None:  # noqa: B027 - optional hook
         """Fetch or check the data on disk (called once, on rank 0); the default has nothing to fetch."""
@@ -131,15 +150,19 @@ class TaskStream(ABC):
         x, y = data.train_x[lo : lo + self.chunk_size], data.train_y[lo : lo + self.chunk_size]
         return StreamBatch(x, y, torch.full((x.shape[0],), task, dtype=torch.long))
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """The evaluation episode of ``task``: the first ``context_size`` training examples and the held-out queries.
+    def context(self, data: TaskData, context_size: int) -> tuple[Tensor, Tensor]:
+        """An episode's labelled context: the first ``context_size`` examples of the task's training portion (the
+        paper takes it from there; a stream may take others)."""
+        return data.train_x[:context_size], data.train_y[:context_size]
 
-        The context is what a support-set learner may use (the paper takes it from the task's training portion);
-        the queries are never trained on. ``num_queries`` keeps the first queries only (cheaper evaluation).
+    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
+        """The evaluation episode of ``task``: the :meth:`context` and the held-out queries, never trained on.
+
+        ``num_queries`` keeps the first queries only (cheaper evaluation).
         """
         data = self.task(task)
         n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
-        return Episode(data.train_x[:context_size], data.train_y[:context_size], data.query_x[:n_q], data.query_y[:n_q])
+        return Episode(*self.context(data, context_size), data.query_x[:n_q], data.query_y[:n_q])
 
     def written_episode(self, task: int, context_size: int) -> Episode:
         """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from cl_lightning.data.stream import TaskData, TaskStream, task_generator
+from cl_lightning.data.stream import TaskData, TaskStream, check_at_least, task_generator
 
 
 class SyntheticClasses(TaskStream):
@@ -46,35 +46,24 @@ class SyntheticClasses(TaskStream):
         seed: int = 0,
         warmup_tasks: int = 0,
     ) -> None:
-        super().__init__(num_tasks=num_tasks, chunk_size=chunk_size, seed=seed, warmup_tasks=warmup_tasks)
-        minimum = {"num_classes": (num_classes, 2), "input_dim": (input_dim, 1), "train_size": (train_size, 1)}
-        for name, (value, low) in (minimum | {"query_size": (query_size, 1)}).items():
-            if value < low:
-                raise ValueError(f"{name} must be >= {low}, got {value}")
-        if chunk_size > train_size:
-            raise ValueError(f"chunk_size {chunk_size} is larger than a task's train_size {train_size}")
+        super().__init__(num_tasks, train_size, query_size, chunk_size, seed=seed, warmup_tasks=warmup_tasks)
+        check_at_least(2, num_classes=num_classes)
+        check_at_least(1, input_dim=input_dim)
         self.num_outputs = num_classes
         self.input_shape = (input_dim,)
-        self._train_size = train_size
-        self.query_size = query_size
         self.noise = noise
         self.permute_labels, self.permute_inputs = permute_labels, permute_inputs
         self.means = torch.randn(num_classes, input_dim, generator=task_generator(seed, 0, salt=99))
 
-    @property
-    def train_size(self) -> int:
-        """Training examples per task."""
-        return self._train_size
-
     def generate(self, task: int) -> TaskData:
         """Draw labelled blob samples and apply the task's input permutation."""
         gen = task_generator(self.seed, task)
-        n = self._train_size + self.query_size
+        n = self.train_size + self.query_size
         y = torch.randint(0, self.num_outputs, (n,), generator=gen)
         x = self.means[y] + self.noise * torch.randn(n, self.input_shape[0], generator=gen)  # (n, D)
         if self.permute_inputs:
             x = x[:, torch.randperm(self.input_shape[0], generator=gen)]
         if self.permute_labels:
             y = torch.randperm(self.num_outputs, generator=gen)[y]
-        k = self._train_size
+        k = self.train_size
         return TaskData(x[:k], y[:k], x[k:], y[k:])

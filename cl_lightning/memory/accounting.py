@@ -22,6 +22,7 @@ read it). On Permuted MNIST's 7x7 images a row is 212 B stored and 50 B at the d
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -98,7 +99,8 @@ def stream_row_bytes(stream, precision: Precision = "stored") -> int:
                      sample_x=sample)  # fmt: skip
 
 
-def _tensor_bytes(tensors) -> int:
+def tensor_bytes(tensors: Iterable[Tensor]) -> int:
+    """Bytes of ``tensors`` as stored."""
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -106,12 +108,12 @@ def memory_bytes(learner: nn.Module, row: int | None = None, *, held: bool = Tru
     """Count a learner's memory (module docstring). A learner with a replay buffer is charged ``row`` bytes a row
     (default: as stored) for the rows it holds (``held``) or for its capacity; any other learner its
     ``context_memory_bytes()``. ``fixed``: the buffers a learner names in ``fixed_buffers``."""
-    fixed = _tensor_bytes(getattr(learner, name) for name in getattr(learner, "fixed_buffers", ()))
-    slow = _tensor_bytes(p for p in learner.parameters() if p.requires_grad)
+    fixed = tensor_bytes(getattr(learner, name) for name in getattr(learner, "fixed_buffers", ()))
+    slow = tensor_bytes(p for p in learner.parameters() if p.requires_grad)
     buffer = getattr(learner, "buffer", None)
     if isinstance(buffer, ReplayBuffer):
         if row is None:
-            row = _tensor_bytes((buffer.x[0], buffer.y[0], buffer.task_id[0]))
+            row = tensor_bytes((buffer.x[0], buffer.y[0], buffer.task_id[0]))
         rows = len(buffer) if held else buffer.capacity
         return MemoryBytes(context=rows * row, fixed=fixed, slow=slow)
     return MemoryBytes(context=int(learner.context_memory_bytes()), fixed=fixed, slow=slow)

@@ -57,17 +57,6 @@ def effective_rank(x: Tensor) -> Tensor:
     return entropy_effective_rank(torch.linalg.svdvals(x.to(torch.float64)))
 
 
-def _cumulative_rank(v: Tensor, delta: float) -> Tensor:
-    """Smallest k with Σ_{i≤k} v_(i) ≥ (1 − δ) Σ v, v sorted descending (0 for an all-zero spectrum)."""
-    if not 0.0 <= delta < 1.0:
-        raise ValueError(f"delta must be in [0, 1), got {delta}")
-    total = v.sum()
-    if total == 0:
-        return torch.zeros((), dtype=torch.int64, device=v.device)
-    cum = torch.sort(v, descending=True).values.cumsum(0)
-    return (cum < (1.0 - delta) * total).sum() + 1
-
-
 def srank(values: Tensor, delta: float = 0.01) -> Tensor:
     """srank_δ (Kumar et al. 2021, "Implicit Under-Parameterization"), on unsquared values.
 
@@ -84,4 +73,11 @@ def srank(values: Tensor, delta: float = 0.01) -> Tensor:
     >>> srank(torch.tensor([10.0, 1.0, 0.5])).item()
     3
     """
-    return _cumulative_rank(_check_spectrum(values), delta)
+    v = _check_spectrum(values)
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
+    total = v.sum()
+    if total == 0:  # an all-zero spectrum
+        return torch.zeros((), dtype=torch.int64, device=v.device)
+    cum = torch.sort(v, descending=True).values.cumsum(0)
+    return (cum < (1.0 - delta) * total).sum() + 1

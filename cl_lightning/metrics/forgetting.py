@@ -93,9 +93,8 @@ def backward_transfer(
     """Backward transfer (Lopez-Paz & Ranzato 2017, GEM).
 
     BWT = 1/(T−1) Σ_{j < final task} (R[final, j] − R[row(j), j]), where ``row(j)`` is the row measured just after
-    training task ``j``. Negative means forgetting. Avalanche and Mammoth report the same number at the end of the
-    stream (Avalanche's streaming BWT is −forgetting with "just after minus current"); Continuum averages over all
-    pairs instead. With ``lower_is_better`` the difference is negated.
+    training task ``j``. Negative means forgetting (other libraries: docs/metrics.md §2). With ``lower_is_better``
+    the difference is negated.
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
@@ -123,8 +122,8 @@ def forward_transfer(
 
     FWT = 1/(T−1) Σ_{j=2}^{T} (R[before(j), j] − b_j), with ``before(j)`` the last row measured before training task
     ``j`` (``j−1`` for a full matrix) and ``b_j`` the accuracy on task ``j`` of the randomly initialised model. Only
-    tasks trained by the final row count. Avalanche uses the same b (measured at init); Mammoth takes b_j as the
-    accuracy right before training task j; Continuum drops b (pass zeros).
+    tasks trained by the final row count. Other libraries choose b differently (docs/metrics.md §2; Continuum's
+    FWT: pass zeros).
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
@@ -154,9 +153,8 @@ def forgetting(
 
     f_j = max_{l} R[l, j] − R[final, j] for tasks j trained before the final row, the max running over the rows
     measured after training task j and before the final row; F = mean_j f_j. Rows before task j is trained are not
-    "knowledge gained" and are excluded. Avalanche instead uses R[row(j), j] − R[final, j] (first, not max); Mammoth
-    takes the max over all rows including the last (so f ≥ 0). With ``lower_is_better``:
-    f_j = R[final, j] − min_l R[l, j].
+    "knowledge gained" and are excluded (Avalanche and Mammoth differ: docs/metrics.md §2). With
+    ``lower_is_better``: f_j = R[final, j] − min_l R[l, j].
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).

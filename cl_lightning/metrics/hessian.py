@@ -239,9 +239,8 @@ def hessian_spectrum(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None 
 def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None = 1e-12) -> Tensor:
     """Entropy effective rank of a Hessian spectrum, as the QOA paper computes it (Roy & Vetterli 2007).
 
-    λ' = :func:`hessian_spectrum` (max(λ + jitter, clamp): the QOA code's eigenvalues of H + 1e-6·I clamped to
-    ≥ 1e-12), p = λ'/Σλ', erank = exp(−Σ p ln p) (docs/metrics.md §4). ``jitter=0, clamp=None`` uses |λ| instead, the
-    convention that keeps negative curvature.
+    λ' = :func:`hessian_spectrum` (``jitter``, ``clamp``: as there), p = λ'/Σλ', erank = exp(−Σ p ln p)
+    (docs/metrics.md §4).
 
     Args:
         eigvals: (P,) Hessian eigenvalues.

@@ -6,14 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from cl_lightning.metrics import (
-    average_accuracy,
-    backward_transfer,
-    forgetting,
-    forward_transfer,
-    intransigence,
-    window_means,
-)
+from cl_lightning import metrics
 
 # R[i, j] = accuracy on task j after training through task i.
 R = np.array(
@@ -29,36 +22,36 @@ A_STAR = np.array([0.95, 0.90, 0.97])  # reference (joint-training) accuracy
 
 def test_average_accuracy_hand() -> None:
     # ACC = (0.60 + 0.80 + 0.95) / 3 = 2.35 / 3
-    assert average_accuracy(R) == pytest.approx(2.35 / 3)
+    assert metrics.average_accuracy(R) == pytest.approx(2.35 / 3)
 
 
 def test_backward_transfer_hand() -> None:
     # BWT = ((R20 - R00) + (R21 - R11)) / 2 = ((0.60 - 0.90) + (0.80 - 0.85)) / 2 = -0.175
-    assert backward_transfer(R) == pytest.approx(-0.175)
+    assert metrics.backward_transfer(R) == pytest.approx(-0.175)
 
 
 def test_forward_transfer_hand() -> None:
     # FWT = ((R01 - b1) + (R12 - b2)) / 2 = ((0.20 - 0.15) + (0.30 - 0.05)) / 2 = 0.15
-    assert forward_transfer(R, B) == pytest.approx(0.15)
+    assert metrics.forward_transfer(R, B) == pytest.approx(0.15)
 
 
 def test_forgetting_hand_uses_max_not_first() -> None:
     # task 0: max(R00, R10) - R20 = 0.95 - 0.60 = 0.35; task 1: R11 - R21 = 0.85 - 0.80 = 0.05 -> 0.20
     # (Avalanche's "first minus current" would give 0.175 = -BWT here)
-    assert forgetting(R) == pytest.approx(0.20)
+    assert metrics.forgetting(R) == pytest.approx(0.20)
 
 
 def test_forgetting_ignores_rows_before_the_task_was_trained() -> None:
     # R01 = 0.99 was measured before task 1 was trained: it is not "knowledge gained", so f_1 stays 0.85 - 0.80
     high = R.copy()
     high[0, 1] = 0.99
-    assert forgetting(high) == pytest.approx(0.20)
+    assert metrics.forgetting(high) == pytest.approx(0.20)
 
 
 def test_intransigence_hand() -> None:
     # I_k = a*_k - R_kk = (0.95 - 0.90, 0.90 - 0.85, 0.97 - 0.95) = (0.05, 0.05, 0.02); mean 0.04
-    assert intransigence(R, A_STAR) == pytest.approx(0.04)
-    assert intransigence(R, A_STAR, task=2) == pytest.approx(0.02)
+    assert metrics.intransigence(R, A_STAR) == pytest.approx(0.04)
+    assert metrics.intransigence(R, A_STAR, task=2) == pytest.approx(0.02)
 
 
 # E[i, j] = MSE on task j after training through task i (lower is better).
@@ -73,24 +66,24 @@ E = np.array(
 
 def test_regression_matrix_hand() -> None:
     # mean final error = (0.40 + 0.20 + 0.05) / 3
-    assert average_accuracy(E) == pytest.approx(0.65 / 3)
+    assert metrics.average_accuracy(E) == pytest.approx(0.65 / 3)
     # BWT = -((0.40 - 0.10) + (0.20 - 0.12)) / 2 = -0.19 (errors grew: negative transfer)
-    assert backward_transfer(E, lower_is_better=True) == pytest.approx(-0.19)
+    assert metrics.backward_transfer(E, lower_is_better=True) == pytest.approx(-0.19)
     # FWT, b = 1: -((0.80 - 1) + (0.70 - 1)) / 2 = 0.25 (better than a random net)
-    assert forward_transfer(E, np.ones(3), lower_is_better=True) == pytest.approx(0.25)
+    assert metrics.forward_transfer(E, np.ones(3), lower_is_better=True) == pytest.approx(0.25)
     # forgetting: (0.40 - min(0.10, 0.30)) and (0.20 - 0.12) -> (0.30 + 0.08) / 2 = 0.19
-    assert forgetting(E, lower_is_better=True) == pytest.approx(0.19)
+    assert metrics.forgetting(E, lower_is_better=True) == pytest.approx(0.19)
     # intransigence, ref 0.05: (0.10 - 0.05, 0.12 - 0.05, 0.05 - 0.05) -> 0.04
-    assert intransigence(E, np.full(3, 0.05), lower_is_better=True) == pytest.approx(0.04)
+    assert metrics.intransigence(E, np.full(3, 0.05), lower_is_better=True) == pytest.approx(0.04)
 
 
 def test_lower_is_better_equals_negated_matrix() -> None:
     rng = np.random.default_rng(0)
     m, b = rng.random((5, 5)), rng.random(5)
-    assert backward_transfer(m, lower_is_better=True) == pytest.approx(backward_transfer(-m))
-    assert forward_transfer(m, b, lower_is_better=True) == pytest.approx(forward_transfer(-m, -b))
-    assert forgetting(m, lower_is_better=True) == pytest.approx(forgetting(-m))
-    assert intransigence(m, b, lower_is_better=True) == pytest.approx(intransigence(-m, -b))
+    assert metrics.backward_transfer(m, lower_is_better=True) == pytest.approx(metrics.backward_transfer(-m))
+    assert metrics.forward_transfer(m, b, lower_is_better=True) == pytest.approx(metrics.forward_transfer(-m, -b))
+    assert metrics.forgetting(m, lower_is_better=True) == pytest.approx(metrics.forgetting(-m))
+    assert metrics.intransigence(m, b, lower_is_better=True) == pytest.approx(metrics.intransigence(-m, -b))
 
 
 def test_probe_matrix_square() -> None:
@@ -98,41 +91,41 @@ def test_probe_matrix_square() -> None:
     p = np.array([[0.90, 0.30, 0.20], [0.80, 0.88, 0.25], [0.70, 0.85, 0.92]])
     tasks = [0, 2, 4]
     # ACC = (0.70 + 0.85 + 0.92) / 3
-    assert average_accuracy(p, tasks, tasks) == pytest.approx(2.47 / 3)
+    assert metrics.average_accuracy(p, tasks, tasks) == pytest.approx(2.47 / 3)
     # BWT = ((0.70 - 0.90) + (0.85 - 0.88)) / 2 = -0.115
-    assert backward_transfer(p, tasks, tasks) == pytest.approx(-0.115)
+    assert metrics.backward_transfer(p, tasks, tasks) == pytest.approx(-0.115)
     # FWT: task 2 from the row after task 0: 0.30 - 0.1; task 4 from the row after task 2: 0.25 - 0.1 -> 0.175
-    assert forward_transfer(p, np.full(3, 0.1), tasks, tasks) == pytest.approx(0.175)
+    assert metrics.forward_transfer(p, np.full(3, 0.1), tasks, tasks) == pytest.approx(0.175)
     # forgetting: task 0: max(0.90, 0.80) - 0.70 = 0.20; task 2: 0.88 - 0.85 = 0.03 -> 0.115
-    assert forgetting(p, tasks, tasks) == pytest.approx(0.115)
+    assert metrics.forgetting(p, tasks, tasks) == pytest.approx(0.115)
     # intransigence, ref 1: (0.10, 0.12, 0.08) -> 0.10; the task-4 term alone is 0.08
-    assert intransigence(p, np.ones(3), tasks, tasks) == pytest.approx(0.10)
-    assert intransigence(p, np.ones(3), tasks, tasks, task=4) == pytest.approx(0.08)
+    assert metrics.intransigence(p, np.ones(3), tasks, tasks) == pytest.approx(0.10)
+    assert metrics.intransigence(p, np.ones(3), tasks, tasks, task=4) == pytest.approx(0.08)
 
 
 def test_probe_matrix_rows_not_columns() -> None:
     # rows after tasks 1 and 3; columns are tasks 0..3 (tasks 0 and 2 have no "just after" row)
     m = np.array([[0.8, 0.9, 0.3, 0.2], [0.6, 0.7, 0.85, 0.95]])
     rows, cols = [1, 3], [0, 1, 2, 3]
-    assert average_accuracy(m, rows, cols) == pytest.approx(3.1 / 4)
+    assert metrics.average_accuracy(m, rows, cols) == pytest.approx(3.1 / 4)
     # BWT: only task 1 has a just-after row: 0.7 - 0.9
-    assert backward_transfer(m, rows, cols) == pytest.approx(-0.2)
+    assert metrics.backward_transfer(m, rows, cols) == pytest.approx(-0.2)
     # forgetting: task 0: 0.8 - 0.6; task 1: 0.9 - 0.7; task 2 has no row between training and the end
-    assert forgetting(m, rows, cols) == pytest.approx(0.2)
+    assert metrics.forgetting(m, rows, cols) == pytest.approx(0.2)
     # FWT: tasks 2 and 3 from the row after task 1: ((0.3 - 0) + (0.2 - 0)) / 2; tasks 0, 1 have no earlier row
-    assert forward_transfer(m, np.zeros(4), rows, cols) == pytest.approx(0.25)
+    assert metrics.forward_transfer(m, np.zeros(4), rows, cols) == pytest.approx(0.25)
     # intransigence: tasks 1 and 3 only: (1 - 0.9, 1 - 0.95) -> 0.075
-    assert intransigence(m, np.ones(4), rows, cols) == pytest.approx(0.075)
+    assert metrics.intransigence(m, np.ones(4), rows, cols) == pytest.approx(0.075)
 
 
 def test_nan_cells_are_skipped() -> None:
     # the upper triangle is never needed by ACC, BWT, forgetting, intransigence
     lower = np.where(np.tril(np.ones((3, 3))) > 0, R, np.nan)
-    assert average_accuracy(lower) == pytest.approx(average_accuracy(R))
-    assert backward_transfer(lower) == pytest.approx(backward_transfer(R))
-    assert forgetting(lower) == pytest.approx(forgetting(R))
-    assert intransigence(lower, A_STAR) == pytest.approx(intransigence(R, A_STAR))
-    assert math.isnan(forward_transfer(lower, B))
+    assert metrics.average_accuracy(lower) == pytest.approx(metrics.average_accuracy(R))
+    assert metrics.backward_transfer(lower) == pytest.approx(metrics.backward_transfer(R))
+    assert metrics.forgetting(lower) == pytest.approx(metrics.forgetting(R))
+    assert metrics.intransigence(lower, A_STAR) == pytest.approx(metrics.intransigence(R, A_STAR))
+    assert math.isnan(metrics.forward_transfer(lower, B))
 
 
 def _loop_reference(m: np.ndarray, b: np.ndarray) -> tuple[float, float, float, float]:
@@ -149,27 +142,32 @@ def _loop_reference(m: np.ndarray, b: np.ndarray) -> tuple[float, float, float, 
 def test_random_matrix_matches_loops(t: int) -> None:
     rng = np.random.default_rng(t)
     m, b = rng.random((t, t)), rng.random(t)
-    got = (average_accuracy(m), backward_transfer(m), forward_transfer(m, b), forgetting(m))
+    got = (
+        metrics.average_accuracy(m),
+        metrics.backward_transfer(m),
+        metrics.forward_transfer(m, b),
+        metrics.forgetting(m),
+    )
     np.testing.assert_allclose(got, _loop_reference(m, b), rtol=1e-12)
 
 
 def test_bad_inputs_raise() -> None:
     with pytest.raises(ValueError, match="increasing"):
-        backward_transfer(R, row_tasks=[0, 2, 1])
+        metrics.backward_transfer(R, row_tasks=[0, 2, 1])
     with pytest.raises(ValueError, match="lengths"):
-        forgetting(R, col_tasks=[0, 1])
+        metrics.forgetting(R, col_tasks=[0, 1])
     with pytest.raises(ValueError, match="2-D"):
-        average_accuracy(np.ones(3))
+        metrics.average_accuracy(np.ones(3))
     with pytest.raises(ValueError, match="shape"):
-        forward_transfer(R, np.ones(2))
+        metrics.forward_transfer(R, np.ones(2))
     with pytest.raises(ValueError, match="column task"):
-        intransigence(R, A_STAR, task=5)
+        metrics.intransigence(R, A_STAR, task=5)
 
 
 def test_window_means_skip_unfinished_tasks() -> None:
     values = np.array([1.0, 3.0, 5.0, np.nan, 7.0, np.nan, np.nan, np.nan])
-    centres, means = window_means(values, 3)  # windows [1, 3, 5], [nan, 7, nan], [nan, nan] (all unfinished)
+    centres, means = metrics.window_means(values, 3)  # windows [1, 3, 5], [nan, 7, nan], [nan, nan] (all unfinished)
     np.testing.assert_allclose(centres, [1.0, 4.0])
     np.testing.assert_allclose(means, [3.0, 7.0])
-    centres, means = window_means(values[:3], 1)
+    centres, means = metrics.window_means(values[:3], 1)
     np.testing.assert_allclose(means, [1.0, 3.0, 5.0])
