@@ -19,7 +19,7 @@ DDP: every rank computes the same Fisher from the whole task (every rank gets al
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -89,14 +89,11 @@ class EWC(Backprop):
         self.anchors.index_copy_(0, slot, torch.cat([p.detach().flatten() for p in weights])[None])
         self.tasks_consolidated += 1
 
-    def fisher_batches(self, source: EpisodeSource, task: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """``task``'s training chunks in arrival order, cut at ``fisher_samples`` examples, on the learner's device."""
-        for x, y, _ in source.task_batches(task, self.fisher_samples):
-            yield x.to(self.device), y.to(self.device)
-
     def on_train_epoch_end(self) -> None:
-        """At the task's end (one epoch = one task): Fisher and anchor of the finished task."""
+        """At the task's end (one epoch = one task): Fisher and anchor of the finished task, from its training chunks
+        in arrival order, cut at ``fisher_samples`` examples."""
         super().on_train_epoch_end()
         source = getattr(self.trainer, "datamodule", None)
         require(source, EpisodeSource, "EWC (task-aware: it reads each finished task's data)")
-        self.consolidate(self.fisher_batches(source, self.trainer.current_epoch))
+        chunks = source.task_batches(self.trainer.current_epoch, self.fisher_samples)
+        self.consolidate((x.to(self.device), y.to(self.device)) for x, y, _ in chunks)
