@@ -2,11 +2,9 @@
 
 A one-point step of slowly changing regression is a few dozen tiny tensor operations; autograd's graph and a
 per-parameter Adam cost several times their arithmetic (and a quarter of a 400-image Permuted-MNIST step). Here the
-parameters become views of one flat tensor (the modules keep them: ``state_dict``, checkpoints, probes and monitors
-see the same ``Parameter`` objects), the gradients are written by hand into views of one flat gradient, and one Adam
-updates everything (:mod:`cl_lightning.nn.optim.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
-:class:`~cl_lightning.nn.optim.AdamGnT` as :class:`FlatAdamGnT`). The optimiser's own per-parameter state is kept
-as views of the flat state tensors, so saving and loading the optimiser works unchanged.
+gradients are written by hand into views of one flat gradient and one Adam updates every parameter at once, the
+parameters and the optimiser's state being views of flat tensors (:mod:`cl_lightning.nn.optim.flat_adam`: the
+modules, checkpoints, probes and monitors see the same ``Parameter`` objects and optimiser state).
 
 - :func:`mlp_steps`: predict, loss (MSE, or cross-entropy on logits), gradients and update of an
   :class:`~cl_lightning.nn.MLP` (ReLU, linear output), one chunk after another, with a hook after each update
@@ -15,10 +13,9 @@ as views of the flat state tensors, so saving and loading the optimiser works un
   (softmax over the supports, values = their targets) along a window of the stream.
 
 The numbers are autograd's bit for bit (``tests/test_fused_steps.py``): each product is autograd's, in its operand
-layout; each parameter starts on a 64-byte boundary, where a tensor of its own would (a matrix product written into
-an unaligned view rounds differently); the fused kernel gets per-parameter views (its vectorised loop and scalar
-tail then fall as on separate tensors). Exactness matters more than it seems: some of QOA's weights have an exact
-gradient of 0 and a computed one of rounding noise, which Adam turns into steps of about ``lr``.
+layout, written into views aligned as separate tensors would be (``flat_adam`` says why that matters). Exactness
+matters more than it seems: some of QOA's weights have an exact gradient of 0 and a computed one of rounding noise,
+which Adam turns into steps of about ``lr``.
 
 Call under ``torch.no_grad()`` semantics (the step functions are decorated); single process, full precision. A
 fast path that computes a module's output without calling it would skip the module's forward hooks (a monitor's probe
@@ -33,9 +30,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.optim import FlatOptimizer
 
-__all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_steps"]
+__all__ = ["attention_mse_steps", "has_forward_hooks", "mlp_steps"]
 
 
 def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
