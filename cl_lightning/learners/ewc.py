@@ -1,20 +1,15 @@
-"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (docs/baselines.md §3).
+"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (docs/baselines.md §3, with its
+settings and how other "EWC"s differ).
 
-Task-aware: at the end of each task, a diagonal empirical Fisher from the task's training data with the true
-labels, ``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N`` (per-batch squared gradients of the mean loss, weighted by
-the batch size, as the authors' code; the batches are the stream's chunks), and an anchor copy θ* of the
-weights. The last K tasks' pairs are kept in preallocated buffers (a ring of K slots; empty slots have F = 0),
-and training minimises
+At the end of each task, a diagonal empirical Fisher from the task's training chunks with the true labels,
+``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N``, and an anchor copy θ* of the weights; the last K tasks' pairs
+are kept in preallocated buffers (a ring of K slots; empty slots have F = 0), and training minimises
 
     L = CE + (λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²
 
-with λ = 1e5 and K = 5 (the paper's Split Tiny ImageNet setting; it ran EWC on no other benchmark). Other
-"EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): docs/baselines.md §3.
-
-Task-aware means it reads the finished task's data: from the data module, through
-:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals.
-
-DDP: every rank computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
+Task-aware: it reads the finished task's data from the data module, through
+:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals. DDP: every rank
+computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
 """
 
 from __future__ import annotations
