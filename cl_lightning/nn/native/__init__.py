@@ -138,11 +138,6 @@ class _StructLayout(ctypes.Structure):
     _fields_ = [("size", _I64), ("count", _I64), ("fields", ctypes.POINTER(_FieldLayout))]
 
 
-def _python_layout(args: type[ctypes.Structure]) -> list[tuple[str, int, int, str]]:
-    """(name, offset, size, kind) of each field of ``args``, as ``steps.c``'s tables give them."""
-    return [(name, getattr(args, name).offset, getattr(args, name).size, _KIND[kind]) for name, kind in args._fields_]
-
-
 def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
     """Every kernel's argument struct as compiled (``<kernel>_layout``) against its :class:`ctypes.Structure`:
     :class:`NativeUnavailableError` naming the first field that differs."""
@@ -152,7 +147,8 @@ def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
         except ValueError as error:  # a library without the table: not built from this steps.c
             raise NativeUnavailableError(f"{path.name} as built exports no {kernel}_layout: {error}") from error
         compiled = [(f.name.decode(), f.offset, f.size, chr(f.kind)) for f in table.fields[: table.count]]
-        mirrored = _python_layout(args)
+        fields = [(name, getattr(args, name), kind) for name, kind in args._fields_]  # as steps.c's tables give them
+        mirrored = [(name, field.offset, field.size, _KIND[kind]) for name, field, kind in fields]
         if compiled != mirrored or table.size != ctypes.sizeof(args):
             pairs = itertools.zip_longest(compiled, mirrored, fillvalue="nothing")
             first, (c, m) = next(((i, pair) for i, pair in enumerate(pairs) if pair[0] != pair[1]), (-1, ("", "")))
