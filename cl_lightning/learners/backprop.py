@@ -62,11 +62,6 @@ class Backprop(ContinualLearner):
         """Logits (classification) or values (regression) of a batch of inputs."""
         return self.net(self.encoder(x))
 
-    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
-        """One gradient step on each chunk of the batch in turn, its prediction before the step the online
-        (prequential) one (the step engine runs :meth:`learn_chunk`, or :meth:`learn_fused`)."""
-        return self.engine.learn(self, batch)
-
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor:
         """Predict the chunk, log the online metric, then one optimiser step on its loss."""
         x, y, _ = batch

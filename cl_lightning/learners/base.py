@@ -56,9 +56,10 @@ def running_arguments(cls: type) -> set[str]:
 class ContinualLearner(LightningModule, ABC):
     """A learner on a task stream: one epoch is one task, one training batch is one chunk of the stream.
 
-    Subclasses implement :meth:`training_step` (predict the incoming chunk first, log it with :meth:`log_online`,
-    then learn), :meth:`predict_episode` (answer held-out queries given a labelled context of the same task) and
-    :meth:`output_layer` (the read-out whose Hessian the paper measures); all three are abstract.
+    Subclasses implement :meth:`learn_chunk` (run by the step engine) or :meth:`training_step` (predict the incoming
+    chunk first, log it with :meth:`log_online`, then learn), :meth:`predict_episode` (answer held-out queries given
+    a labelled context of the same task) and :meth:`output_layer` (the read-out whose Hessian the paper measures);
+    the last two are abstract, and a learner with neither of the first two is refused at construction.
 
     Args:
         input_shape: Shape of one input (linked from the data module).
@@ -95,6 +96,8 @@ class ContinualLearner(LightningModule, ABC):
         self._task_means: dict[str, TaskMean] = {}  # name -> the running task's mean (not state: reset per task)
         # what runs a batch's steps (engines.py; Backprop and QOA choose it with step_kernel); None: training_step
         self.engine = step_engine("autograd", self)
+        if self.engine is None and type(self).training_step is ContinualLearner.training_step:
+            raise TypeError(f"{type(self).__name__} defines neither learn_chunk nor training_step")
         self.automatic_optimization = self.engine is None  # an engine steps the optimiser itself, in every batch
         # every running __init__'s arguments (Lightning reads them off the frames), less those the learner does not take
         self.save_hyperparameters(ignore=sorted(running_arguments(type(self)) - self.arguments()))
@@ -240,9 +243,10 @@ class ContinualLearner(LightningModule, ABC):
             self.log(name, value, on_step=False, on_epoch=True)
         self._task_means = {}
 
-    @abstractmethod
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> Tensor | dict[str, Any] | None:
-        """Predict the incoming chunk (online metric, :meth:`log_online`), then learn from it."""
+    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | dict[str, Any] | None:
+        """Predict the incoming chunk (online metric, :meth:`log_online`), then learn from it: by default each chunk of
+        the batch in turn through the step engine (:meth:`learn_chunk`, or :meth:`learn_fused`)."""
+        return self.engine.learn(self, batch)
 
     @abstractmethod
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
@@ -261,8 +265,9 @@ class ContinualLearner(LightningModule, ABC):
         """
         return {}
 
-    def _evaluate(self, batch: EvalBatch) -> None:
-        """Score the episode's readings and log each under every slot (:func:`~cl_lightning.contract.metric_key`)."""
+    def validation_step(self, batch: EvalBatch, batch_idx: int) -> None:
+        """Score one episode's readings (forward, backward or a probe task of the accuracy matrix; at test, the final
+        model's) and log each under every slot (:func:`~cl_lightning.contract.metric_key`)."""
         context_x, context_y, query_x, query_y = batch.episode
         readings: dict[str | None, Tensor] = {None: self.predict_episode(context_x, context_y, query_x)}
         readings.update(self.extra_readings(context_x, context_y, query_x))
@@ -272,13 +277,7 @@ class ContinualLearner(LightningModule, ABC):
                 key = metric_key(slot, self.metric_name, reading)
                 self.log(key, value, add_dataloader_idx=False, batch_size=1, sync_dist=True)
 
-    def validation_step(self, batch: EvalBatch, batch_idx: int) -> None:
-        """Evaluate one episode (forward, backward or a probe task of the accuracy matrix)."""
-        self._evaluate(batch)
-
-    def test_step(self, batch: EvalBatch, batch_idx: int) -> None:
-        """Evaluate one probe task's episode with the final model."""
-        self._evaluate(batch)
+    test_step = validation_step
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
         """Call the optimiser factory on the trainable parameters (``None`` when there are none)."""

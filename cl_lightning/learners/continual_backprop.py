@@ -4,20 +4,13 @@ learning"; the CBP baseline of Bekal et al. 2025, which reuses the authors' ``lo
 Per chunk, as ``ContinualBackprop.learn`` of the reference (docs/baselines.md §2): forward pass keeping
 the post-ReLU features of every hidden layer, one optimiser step on the chunk's loss, then one generate-and-test
 step (:class:`~cl_lightning.nn.gnt.GenerateAndTest`) on those features, which replaces the lowest-utility mature
-units and resets their AdamGnT state (the paper's settings per stream: docs/baselines.md §2). Generate-and-test acts
-on the MLP head; with the CNN encoder the convolutional layers are trained but never replaced (the reference's
-ConvGnT is a different algorithm).
+units and resets their AdamGnT state (SGD's it leaves alone, as the reference; any other optimiser is refused).
+Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are trained but never
+replaced (the reference's ConvGnT is a different algorithm).
 
-Optimiser: ``optimizer`` stays a factory like every learner's (YAML ``class_path: cl_lightning.nn.AdamGnT`` with
-``lr``/``betas``/``eps``/``update_rule``), default AdamGnT with lr 1e-4. Generate-and-test resets the state of an
-AdamGnT and leaves SGD's alone (the reference's two options); any other optimiser, whose per-unit state would go
-stale silently, is refused in ``configure_optimizers``.
-
-One-point regression (``step_kernel: fused``): :meth:`learn_fused` computes :meth:`learn_chunk`'s numbers bit for bit
-with hand-written gradients and AdamGnT over views of one flat tensor, generate-and-test after each update as here
-(``tests/test_fused_steps.py``). ``step_kernel: native`` runs those steps and generate-and-test's test in C
-(:func:`~cl_lightning.nn.native.cbp_mse_steps`), to float32 rounding per step; the rare replacements stay in Python,
-so the redrawn weights are the fused path's draws.
+``step_kernel: fused`` computes :meth:`learn_chunk`'s numbers bit for bit, generate-and-test after each update;
+``native`` runs those steps and generate-and-test's test in C, its rare replacements in Python with the fused path's
+draws (:func:`~cl_lightning.nn.native.cbp_mse_steps`).
 
 DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
 examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the

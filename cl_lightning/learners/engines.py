@@ -3,26 +3,9 @@
 
 A learner that takes :class:`~cl_lightning.contract.StreamSteps` states its step once, ``learn_chunk(batch, run)``:
 predict one chunk, log it through the :class:`StepRun`, learn through ``run.step(loss)``. Its engine runs a batch's
-``K`` chunks in arrival order (a ``StreamBatch`` is a run of one), holds the task-mean terms back for one update per
-batch, counts the optimiser steps it took by hand in ``global_step`` and the batch's chunks in the logging step (so
-every value is logged at the step one chunk a batch logs it at). Every batch of such a learner goes through
-its engine, in manual optimisation (decided at construction).
-
-- :class:`AutogradEngine`: ``learn_chunk`` on each chunk; each step through Lightning's manual optimisation
-  (``manual_backward``, the wrapped optimiser: the precision plugin, DDP and the step count are Lightning's).
-- :class:`FusedEngine`: the learner's fused steps (``learn_fused``: hand-written gradients, one Adam or AdamGnT over
-  views of one flat tensor, :mod:`cl_lightning.nn.fused_steps`), autograd's numbers bit for bit
-  (``tests/test_fused_steps.py``). It runs ``learn_chunk``, its exact reference, on the chunks before the learner's
-  fused step applies (``fused_ready``: QOA's buffer still filling, when it takes no step or one whose query is not
-  the incoming point); nothing else falls back. What it cannot serve is refused before the first batch, in one
-  line: at construction what the learner decides alone (no fused step, classification, another encoder), when
-  training starts what the run decides (an accelerator, reduced precision, several processes, an optimiser
-  :func:`~cl_lightning.nn.optim.adam_refusal` names, a forward hook on one of the learner's modules, which
-  the fused step would not call).
-- :class:`NativeEngine`: the fused steps' chunk in C (:mod:`cl_lightning.nn.native`), on the same flat tensors;
-  equal to autograd to float32 rounding in each step's predictions and gradients, not in every weight over a run
-  (an element whose exact gradient is 0 takes ±lr Adam steps from either path's rounding noise). Also refused:
-  an optimiser the kernel does not implement for the learner, parameters other than float32.
+``K`` chunks in arrival order, in manual optimisation: :class:`AutogradEngine` through Lightning's optimiser,
+:class:`FusedEngine` through the learner's ``learn_fused`` (autograd's numbers bit for bit), :class:`NativeEngine`
+through the same steps in C (to float32 rounding per step). What each refuses, and when, is the architecture page's.
 """
 
 from __future__ import annotations
@@ -39,7 +22,7 @@ from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.task_mean import Terms
 from cl_lightning.nn import native
 from cl_lightning.nn.fused_steps import has_forward_hooks
-from cl_lightning.nn.optim import AdamGnT, FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.optim import FlatAdamGnT, FlatOptimizer, adam_refusal, flat_optimizer_type
 
 __all__ = [
     "AutogradEngine",
@@ -138,7 +121,7 @@ class StepRun:
 
 
 class AutogradEngine:
-    """Each chunk through the learner's ``learn_chunk``, stepped by autograd (see the module docstring)."""
+    """Each chunk through the learner's ``learn_chunk``, stepped by autograd."""
 
     name = "autograd"
 
@@ -176,7 +159,7 @@ class AutogradEngine:
 
 
 class FusedEngine(AutogradEngine):
-    """The learner's fused steps in torch, autograd's numbers bit for bit (see the module docstring)."""
+    """The learner's fused steps in torch, autograd's numbers bit for bit."""
 
     name = "fused"
     in_c = False  # whether learn_fused runs its steps in C
@@ -193,7 +176,7 @@ class FusedEngine(AutogradEngine):
         self._refuse(learner, learner.fused_refusal())
 
     def check_run(self, learner: SteppedLearner) -> None:
-        """Refuse a run the fused step would not compute as autograd: see the module docstring."""
+        """Refuse a run the fused step would not compute as autograd (:meth:`run_refusal`)."""
         self._refuse(learner, self.run_refusal(learner))
 
     def _refuse(self, learner: SteppedLearner, reason: str | None) -> None:
@@ -223,7 +206,7 @@ class FusedEngine(AutogradEngine):
         if not learner.fused_ready(batch, start):
             return None
         params = list(learner.parameters())
-        flat_type = FlatAdamGnT if isinstance(run.optimizer, AdamGnT) else FlatAdam
+        flat_type = flat_optimizer_type(run.optimizer)
         if type(self._flat) is not flat_type:
             self._flat = flat_type()
         adam = self._flat.bind(run.optimizer, params)
@@ -233,7 +216,7 @@ class FusedEngine(AutogradEngine):
 
 
 class NativeEngine(FusedEngine):
-    """The fused steps' chunk in C, equal to autograd to float32 rounding per step (see the module docstring)."""
+    """The fused steps' chunk in C, equal to autograd to float32 rounding per step."""
 
     name = "native"
     in_c = True
@@ -252,7 +235,7 @@ class NativeEngine(FusedEngine):
         if reason is not None:
             return reason
         optimizer = learner.trainer.optimizers[0]
-        if (FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam) is not learner.native_optimizer:
+        if flat_optimizer_type(optimizer) is not learner.native_optimizer:
             wanted = "AdamGnT" if learner.native_optimizer is FlatAdamGnT else "Adam / AdamW"
             return f"implements {wanted}, not {type(optimizer).__name__}"
         if any(p.dtype != torch.float32 for p in learner.parameters()):

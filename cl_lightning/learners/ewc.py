@@ -1,25 +1,20 @@
-"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (docs/baselines.md §3).
+"""Elastic weight consolidation (Kirkpatrick et al. 2017) as the QOA paper ran it (docs/baselines.md §3, with its
+settings and how other "EWC"s differ).
 
-Task-aware: at the end of each task, a diagonal empirical Fisher from the task's training data with the true
-labels, ``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N`` (per-batch squared gradients of the mean loss, weighted by
-the batch size, as the authors' code; the batches are the stream's chunks), and an anchor copy θ* of the
-weights. The last K tasks' pairs are kept in preallocated buffers (a ring of K slots; empty slots have F = 0),
-and training minimises
+At the end of each task, a diagonal empirical Fisher from the task's training chunks with the true labels,
+``F_i = Σ_batches (∂L_batch/∂θ_i)² · |batch| / N``, and an anchor copy θ* of the weights; the last K tasks' pairs
+are kept in preallocated buffers (a ring of K slots; empty slots have F = 0), and training minimises
 
     L = CE + (λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²
 
-with λ = 1e5 and K = 5 (the paper's Split Tiny ImageNet setting; it ran EWC on no other benchmark). Other
-"EWC"s differ (no ½, sampled labels, per-sample Fishers, online decay): docs/baselines.md §3.
-
-Task-aware means it reads the finished task's data: from the data module, through
-:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals.
-
-DDP: every rank computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
+Task-aware: it reads the finished task's data from the data module, through
+:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals. DDP: every rank
+computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -89,14 +84,11 @@ class EWC(Backprop):
         self.anchors.index_copy_(0, slot, torch.cat([p.detach().flatten() for p in weights])[None])
         self.tasks_consolidated += 1
 
-    def fisher_batches(self, source: EpisodeSource, task: int) -> Iterator[tuple[Tensor, Tensor]]:
-        """``task``'s training chunks in arrival order, cut at ``fisher_samples`` examples, on the learner's device."""
-        for x, y, _ in source.task_batches(task, self.fisher_samples):
-            yield x.to(self.device), y.to(self.device)
-
     def on_train_epoch_end(self) -> None:
-        """At the task's end (one epoch = one task): Fisher and anchor of the finished task."""
+        """At the task's end (one epoch = one task): Fisher and anchor of the finished task, from its training chunks
+        in arrival order, cut at ``fisher_samples`` examples."""
         super().on_train_epoch_end()
         source = getattr(self.trainer, "datamodule", None)
         require(source, EpisodeSource, "EWC (task-aware: it reads each finished task's data)")
-        self.consolidate(self.fisher_batches(source, self.trainer.current_epoch))
+        chunks = source.task_batches(self.trainer.current_epoch, self.fisher_samples)
+        self.consolidate((x.to(self.device), y.to(self.device)) for x, y, _ in chunks)

@@ -105,9 +105,7 @@ class FullAttention(ReplayLearner):
             z = self.transformer(seqs, fast=fast)[:, -1]  # (Q, D)
         return z[:, -self.num_outputs :]
 
-    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
-        """:meth:`attend` (the replay learners' common name)."""
-        return self.attend(query_x, support_x, support_y)
+    predict_support = attend  # the replay learners' common name
 
     def output_layer(self) -> nn.Module:
         """The last layer's value projection: what its attention adds to the query token's label slot."""

@@ -43,7 +43,8 @@ def knn_predict(
 
 
 def _no_optimizer(params: Any) -> None:
-    """kNN's optimiser factory: it is never called (:meth:`KNN.configure_optimizers` returns nothing)."""
+    """kNN's optimiser factory: it is never called (with no parameters, ``configure_optimizers`` returns nothing;
+    Lightning still runs every epoch and evaluation, as the tests check)."""
     raise AssertionError("KNN has nothing to optimise")
 
 
@@ -75,10 +76,6 @@ class KNN(ReplayLearner):
         if (k is not None and k < 1) or bandwidth <= 0:
             raise ValueError("k must be >= 1 (or null) and bandwidth > 0")
         self.k, self.weighting, self.bandwidth = k, weighting, bandwidth
-
-    def configure_optimizers(self) -> None:
-        """Nothing to optimise: Lightning still runs every epoch and evaluation (checked in the tests)."""
-        return
 
     def setup(self, stage: str) -> None:
         """Refuse DDP with a clear message: torch's ``DistributedDataParallel`` wraps only modules with trainable

@@ -155,7 +155,7 @@ class MAMLReplay(ReplayLearner):
         x, y, task_id = batch
         x = x.flatten(1)
         gen = self.step_generator()
-        self.log_online_from_memory(x, y, run)  # adapted_predict differentiates the inner loop even under no_grad
+        self.log_online_from_memory(x, y, run)  # predict_support differentiates the inner loop even under no_grad
         admitted = (torch.rand(x.shape[0], generator=gen) < self.admission_prob).nonzero().flatten()  # on the host
         admit = admitted.to(x.device, non_blocking=True)  # indices, not a mask: no device read
         x, y, task_id = x[admit], y[admit], task_id[admit]
@@ -167,19 +167,15 @@ class MAMLReplay(ReplayLearner):
             self.buffer.add(x[i : i + 1], y[i : i + 1], task_id[i : i + 1])
             self._maybe_update(gen, run)
 
-    def adapted_predict(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
-        """Adapt a copy of θ on the context (first order, θ untouched) and predict the queries.
+    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
+        """Adapt a copy of θ on the supports (first order, θ untouched) and predict the queries.
 
         Runs with gradients even inside ``torch.no_grad`` or Lightning's ``inference_mode`` validation (it leaves
         inference mode locally and clones the inputs, which may be inference tensors).
         """
         with torch.inference_mode(False), torch.enable_grad():
-            context_x, context_y, query_x = context_x.clone(), context_y.clone(), query_x.clone()
+            query_x, support_x, support_y = query_x.clone(), support_x.clone(), support_y.clone()
             params = {n: p.detach() for n, p in self.net.named_parameters()}
-            if context_x.shape[0] > 0:
-                params = self.adapt(params, context_x.flatten(1), context_y, second_order=False)
+            if support_x.shape[0] > 0:
+                params = self.adapt(params, support_x.flatten(1), support_y, second_order=False)
             return functional_call(self.net, params, (query_x.flatten(1),)).detach()
-
-    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
-        """:meth:`adapted_predict`: adapt on the supports, predict the queries."""
-        return self.adapted_predict(support_x, support_y, query_x)

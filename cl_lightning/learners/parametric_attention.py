@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
 from cl_lightning.nn.cnn import make_encoder
-from cl_lightning.nn.fast_weights import DeltaRule, Encoded, FastWeightRule, State, as_state, as_tuple
+from cl_lightning.nn.fast_weights import DeltaRule, Encoded, FastWeightRule, State, as_state, as_tuple, gate_head
 from cl_lightning.nn.mlp import MLP
 from cl_lightning.ops import feature_map, l2_normalize
 from cl_lightning.ops.feature_maps import FeatureMapName, input_width, random_fourier_weights
@@ -95,20 +95,14 @@ class ParametricAttention(ContinualLearner):
             raise ValueError(f"kv_pairs > 1 needs a linear readout; {rule!r} reads through a non-linear model")
         if encoder_training not in ("online", "frozen_random", "frozen_after_first_task"):
             raise ValueError(f"unknown encoder_training {encoder_training!r}")
-        self.rule, self.protocol, self.feature_map, self.encoder_training = (
-            rule,
-            protocol,
-            feature_map,
-            encoder_training,
-        )
+        self.rule, self.protocol = rule, protocol
+        self.feature_map, self.encoder_training = feature_map, encoder_training
         self.key_dim, self.num_heads, self.kv_pairs = key_dim, num_heads, kv_pairs
         self.proj_dim = input_width(feature_map, key_dim)  # the key projection's width before φ
         self.encoder, features = make_encoder(encoder, self.input_shape)
         self.body = MLP(features, hidden[-1], hidden[:-1])  # h = relu(body(x))
         self.key_proj = nn.Linear(hidden[-1], kv_pairs * num_heads * self.proj_dim)
-        self.beta_proj = nn.Linear(hidden[-1], num_heads)
-        nn.init.normal_(self.beta_proj.weight, std=1e-3)  # β ≈ sigmoid(0) = 0.5 at the start
-        nn.init.zeros_(self.beta_proj.bias)
+        self.beta_proj = gate_head(hidden[-1], num_heads)  # β ≈ sigmoid(0) = 0.5 at the start
         self.log_temperature = nn.Parameter(torch.tensor(math.log(temperature)))
         gen = torch.Generator().manual_seed(seed)
         if feature_map == "random_fourier":

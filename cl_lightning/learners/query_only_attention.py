@@ -114,9 +114,7 @@ class QueryOnlyAttention(ReplayLearner):
             return scores @ (support_y[:, None] == classes).to(scores.dtype)  # (Q, C)
         return scores.softmax(-1) @ support_y.to(scores.dtype)  # (Q, k)
 
-    def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
-        """:meth:`attend` (the replay learners' common name)."""
-        return self.attend(query_x, support_x, support_y)
+    predict_support = attend  # the replay learners' common name
 
     def output_layer(self) -> nn.Module:
         """The scorer's last layer (hidden → 1 score; the paper's fc11, whose Hessian it measures)."""

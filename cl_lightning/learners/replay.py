@@ -19,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from cl_lightning.contract import StreamBatch, StreamSteps
+from cl_lightning.contract import StreamBatch
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.learners.engines import StepRun
 from cl_lightning.memory.replay_buffer import ReplayBuffer
@@ -109,10 +109,6 @@ class ReplayLearner(ContinualLearner):
             sx, sy = self.memory_support()
             k = min(self.online_queries, x.shape[0])
             run.log_online(self.predict_support(x[:k], sx, sy), y[:k])
-
-    def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | None:
-        """:meth:`learn_chunk` on each chunk of the batch in turn (the step engine's loop)."""
-        return self.engine.learn(self, batch)
 
     def episode_support(self, context_x: Tensor, context_y: Tensor) -> tuple[Tensor, Tensor]:
         """The support set of an episode: its first ``support_size`` context examples, flat, or with no context the

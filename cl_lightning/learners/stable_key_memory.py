@@ -96,18 +96,22 @@ class StableKeyMemory(ParametricAttention):
         """Keys ``(N, K)``: sign(R z) / √K, unit norm, a fixed function of the input."""
         return torch.sign(self.standardise(x) @ self.key_matrix.T) / math.sqrt(self.key_dim)
 
+    def centroid_cosines(self, z: Tensor) -> Tensor:
+        """Cosines of standardised inputs ``z`` (``(N, D)`` or ``(D,)``) to each state's centroid, ``(N, M)`` or
+        ``(M,)``; -2 for a state not used yet."""
+        cos = nn.functional.normalize(z, dim=-1) @ nn.functional.normalize(self.centroids, dim=1).T
+        return cos.masked_fill(self.centroids.abs().sum(1) == 0, -2.0)
+
     def route(self, x: Tensor) -> Tensor:
         """Each input's closest used state by cosine to its centroid ``(N,)`` (state 0 before any is used)."""
-        cos = nn.functional.normalize(self.standardise(x), dim=1) @ nn.functional.normalize(self.centroids, dim=1).T
-        return cos.masked_fill(self.centroids.abs().sum(1) == 0, -2.0).argmax(1)
+        return self.centroid_cosines(self.standardise(x)).argmax(1)
 
     @torch.no_grad()
     def route_chunk(self, x: Tensor) -> int:
         """The state a training chunk is written into (the closest, or the next in turn if none is close enough);
         the chunk's inputs are added to its centroid."""
         z = self.standardise(x)
-        cos = nn.functional.normalize(z.sum(0), dim=0) @ nn.functional.normalize(self.centroids, dim=1).T
-        cos = cos.masked_fill(self.centroids.abs().sum(1) == 0, -2.0)
+        cos = self.centroid_cosines(z.sum(0))
         if cos.max() >= self.route_threshold:
             r = int(cos.argmax())
         else:  # a new input distribution: the next state in turn, its centroid restarted (its content is overwritten

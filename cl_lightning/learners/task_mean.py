@@ -1,6 +1,6 @@
 """The per-task mean every learner logs its online metric and loss with (``ContinualLearner.log_task_mean``), and
 what a learner does with its task's means: make one on the first value of a name, add the terms a ``StreamSteps``
-batch held back (``ContinualLearner.learn_steps``) in one update per name, and reduce them over DDP ranks at the
+batch held back (a step engine's ``StepRun``) in one update per name, and reduce them over DDP ranks at the
 task's end."""
 
 from __future__ import annotations

@@ -165,7 +165,7 @@ class OmegaRule(ChunkedRule):
         self.window = window
 
     def setup(self, slow, width, heads, key_dim, num_outputs):
-        slow.gamma_proj = _gate_head(width, heads)  # γ ≈ sigmoid(0) = 0.5 at the start
+        slow.gamma_proj = gate_head(width, heads)  # γ ≈ sigmoid(0) = 0.5 at the start
 
     def gates(self, slow, h):
         return {"gamma": slow.gamma_proj(h).sigmoid().T.unsqueeze(0)}
@@ -191,7 +191,7 @@ class ForgetGate(FastWeightRule):
         self.forget_init = forget_init
 
     def setup(self, slow, width, heads, key_dim, num_outputs):
-        slow.gate_proj = _gate_head(width, heads)
+        slow.gate_proj = gate_head(width, heads)
         slow.a_log = nn.Parameter(torch.zeros(heads))
         dt_bias = self.forget_init + math.log(-math.expm1(-self.forget_init))  # inverse softplus (fla's dt_bias init)
         slow.dt_bias = nn.Parameter(torch.full((heads,), dt_bias))
@@ -233,7 +233,7 @@ class Titans(ForgetGate):
 
     def setup(self, slow, width, heads, key_dim, num_outputs):
         super().setup(slow, width, heads, key_dim, num_outputs)
-        slow.momentum_proj = _gate_head(width, heads)
+        slow.momentum_proj = gate_head(width, heads)
         slow.momentum_bias = nn.Parameter(torch.full((heads,), math.log(self.momentum_init / (1 - self.momentum_init))))
 
     def gates(self, slow, h):
@@ -337,8 +337,8 @@ def as_state(tensors: tuple[Tensor, ...]) -> State:
     return tensors[0] if len(tensors) == 1 else tensors
 
 
-def _gate_head(width: int, heads: int) -> nn.Linear:
-    """A gate's head on h, one output per head, near zero at the start."""
+def gate_head(width: int, heads: int) -> nn.Linear:
+    """A gate's head on h, one output per head, near zero at the start (the rules' gates and the learner's β)."""
     head = nn.Linear(width, heads)
     nn.init.normal_(head.weight, std=1e-3)
     nn.init.zeros_(head.bias)

@@ -2,11 +2,9 @@
 
 A one-point step of slowly changing regression is a few dozen tiny tensor operations; autograd's graph and a
 per-parameter Adam cost several times their arithmetic (and a quarter of a 400-image Permuted-MNIST step). Here the
-parameters become views of one flat tensor (the modules keep them: ``state_dict``, checkpoints, probes and monitors
-see the same ``Parameter`` objects), the gradients are written by hand into views of one flat gradient, and one Adam
-updates everything (:mod:`cl_lightning.nn.optim.flat_adam`: ``torch.optim.Adam`` / ``AdamW`` as :class:`FlatAdam`,
-:class:`~cl_lightning.nn.optim.AdamGnT` as :class:`FlatAdamGnT`). The optimiser's own per-parameter state is kept
-as views of the flat state tensors, so saving and loading the optimiser works unchanged.
+gradients are written by hand into views of one flat gradient and one Adam updates every parameter at once, the
+parameters and the optimiser's state being views of flat tensors (:mod:`cl_lightning.nn.optim.flat_adam`: the
+modules, checkpoints, probes and monitors see the same ``Parameter`` objects and optimiser state).
 
 - :func:`mlp_steps`: predict, loss (MSE, or cross-entropy on logits), gradients and update of an
   :class:`~cl_lightning.nn.MLP` (ReLU, linear output), one chunk after another, with a hook after each update
@@ -15,10 +13,9 @@ as views of the flat state tensors, so saving and loading the optimiser works un
   (softmax over the supports, values = their targets) along a window of the stream.
 
 The numbers are autograd's bit for bit (``tests/test_fused_steps.py``): each product is autograd's, in its operand
-layout; each parameter starts on a 64-byte boundary, where a tensor of its own would (a matrix product written into
-an unaligned view rounds differently); the fused kernel gets per-parameter views (its vectorised loop and scalar
-tail then fall as on separate tensors). Exactness matters more than it seems: some of QOA's weights have an exact
-gradient of 0 and a computed one of rounding noise, which Adam turns into steps of about ``lr``.
+layout, written into views aligned as separate tensors would be (``flat_adam`` says why that matters). Exactness
+matters more than it seems: some of QOA's weights have an exact gradient of 0 and a computed one of rounding noise,
+which Adam turns into steps of about ``lr``.
 
 Call under ``torch.no_grad()`` semantics (the step functions are decorated); single process, full precision. A
 fast path that computes a module's output without calling it would skip the module's forward hooks (a monitor's probe
@@ -33,9 +30,9 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, FlatOptimizer, adam_refusal
+from cl_lightning.nn.optim import FlatOptimizer
 
-__all__ = ["FlatAdam", "FlatAdamGnT", "FlatOptimizer", "adam_refusal", "attention_mse_steps", "mlp_steps"]
+__all__ = ["attention_mse_steps", "has_forward_hooks", "mlp_steps"]
 
 
 def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -49,10 +46,35 @@ def _mse_grad(pred: Tensor, y: Tensor, n: int) -> Tensor:
     return g if n == 1 else g.mul_(1.0 / n)
 
 
-def _layer_grads(layers: list[nn.Linear], adam: FlatOptimizer) -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+Plan = list[tuple[Tensor, Tensor, Tensor, Tensor]]  # (weightᵀ, bias, ∂weight, ∂bias) per layer: views
+
+
+def _layer_grads(layers: list[nn.Linear], adam: FlatOptimizer) -> Plan:
     """``(weightᵀ, bias, ∂weight, ∂bias)`` per layer: views, taken once per batch of steps."""
     index = {id(p): g for p, g in zip(adam.params, adam.grads, strict=True)}
     return [(m.weight.t(), m.bias, index[id(m.weight)], index[id(m.bias)]) for m in layers]
+
+
+def _forward(plan: Plan, x: Tensor) -> tuple[Tensor, list[Tensor]]:
+    """The output of ``plan``'s layers (ReLU between them, the last linear) on ``x (B, D)``, and each layer's input
+    (``x``, then the post-ReLU features ``(B, H)``)."""
+    hs = [x]
+    for w_t, b, _, _ in plan[:-1]:
+        hs.append(torch.addmm(b, hs[-1], w_t).relu_())  # (B, H)
+    w_t, b, _, _ = plan[-1]
+    return torch.addmm(b, hs[-1], w_t), hs
+
+
+def _backward(plan: Plan, hs: list[Tensor], g: Tensor, to_input: bool) -> Tensor:
+    """Write the gradients of ``plan``'s layers, inputs ``hs`` (:func:`_forward`'s), from ``g``, their output's
+    gradient, layer by layer; with ``to_input``, return the gradient through the ReLU that made ``hs[0]``."""
+    for i in range(len(plan) - 1, -1, -1):
+        _, _, g_w, g_b = plan[i]
+        torch.mm(g.t(), hs[i], out=g_w)
+        torch.sum(g, 0, out=g_b)
+        if i or to_input:
+            g = torch.ops.aten.threshold_backward(g.mm(plan[i][0].t()), hs[i], 0)
+    return g
 
 
 def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
@@ -62,33 +84,6 @@ def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
     _, total = torch.ops.aten.nll_loss_forward(logp, y, None, 1, -100)  # reduction 1: mean; -100: ignore none
     g = torch.ops.aten.nll_loss_backward(logits.new_ones(()), logp, y, None, 1, -100, total)
     return torch.ops.aten._log_softmax_backward_data(g, logp, 1, logits.dtype)
-
-
-def _mlp_step(
-    plan: list[tuple[Tensor, Tensor, Tensor, Tensor]],
-    adam: FlatOptimizer,
-    x: Tensor,
-    y: Tensor,
-    loss_grad: Callable[[Tensor, Tensor], Tensor],
-    count: object,
-) -> tuple[Tensor, list[Tensor]]:
-    """One step of :func:`mlp_steps` on ``x (B, D)`` and its targets ``y``, ``loss_grad(pred, y)`` the loss's
-    gradient: the prediction ``(B, k)`` made before the update and every layer's input (``x``, then each hidden
-    layer's post-ReLU features ``(B, H)``)."""
-    hs = [x]
-    for w_t, b, _, _ in plan[:-1]:
-        hs.append(torch.addmm(b, hs[-1], w_t).relu_())  # (B, H)
-    w_t, b, _, _ = plan[-1]
-    pred = torch.addmm(b, hs[-1], w_t)  # (B, k)
-    g = loss_grad(pred, y)  # ∂loss/∂pred
-    for i in range(len(plan) - 1, -1, -1):  # backward, layer by layer
-        _, _, g_w, g_b = plan[i]
-        torch.mm(g.t(), hs[i], out=g_w)
-        torch.sum(g, 0, out=g_b)
-        if i:
-            g = torch.ops.aten.threshold_backward(g.mm(plan[i][0].t()), hs[i], 0)
-    adam.update(count)
-    return pred, hs
 
 
 @torch.no_grad()
@@ -117,7 +112,9 @@ def mlp_steps(
         loss_grad = partial(_mse_grad, n=ys.shape[1] * ys.shape[2])
     preds = []
     for x, y, count in zip(xs.unbind(0), ys.unbind(0), adam.counts(xs.shape[0]), strict=True):  # a loop over time
-        pred, hs = _mlp_step(plan, adam, x, y, loss_grad, count)
+        pred, hs = _forward(plan, x)  # (B, k), each layer's input
+        _backward(plan, hs, loss_grad(pred, y), to_input=False)
+        adam.update(count)
         preds.append(pred)
         if after_step is not None:
             after_step(hs[1:])
@@ -148,24 +145,18 @@ def attention_mse_steps(
     sys = window_y.as_strided((steps, s, k), (k, k, 1)).unbind(0)
     qxs, qys = window_x[s:, None].unbind(0), window_y[s:, None].unbind(0)  # (1, D), (1, k)
     plan = _layer_grads([first, *layers], adam)
-    (_, b0, g_w0, g_b0), w0 = plan[0], first.weight
+    (_, b0, g_w0, g_b0), w0, tail = plan[0], first.weight, plan[1:]
     ws_t, wq_t, g_ws, g_wq = w0[:, :d].t(), w0[:, d:].t(), g_w0[:, :d], g_w0[:, d:]
     preds = []
     for sx, sy, qx, qy, count in zip(sxs, sys, qxs, qys, adam.counts(steps), strict=True):  # a loop over time
-        hs = [torch.mm(sx, ws_t).add_(torch.addmm(b0, qx, wq_t)).relu_()]  # (S, H): the factorised first layer
-        for w_t, b, _, _ in plan[1:-1]:
-            hs.append(torch.addmm(b, hs[-1], w_t).relu_())
-        w_t, b, _, _ = plan[-1]
-        p = torch.addmm(b, hs[-1], w_t).view(1, -1).softmax(-1)  # (1, S)
+        h = torch.mm(sx, ws_t).add_(torch.addmm(b0, qx, wq_t)).relu_()  # (S, H): the factorised first layer
+        scores, hs = _forward(tail, h)  # (S, 1)
+        p = scores.view(1, -1).softmax(-1)  # (1, S)
         pred = p @ sy  # (1, k)
         preds.append(pred)
         g_p = _mse_grad(pred, qy, k) @ sy.t()  # (1, S)
         g = torch._softmax_backward_data(g_p, p, -1, p.dtype).view(-1, 1)  # ∂loss/∂scores (S, 1)
-        for i in range(len(plan) - 1, 0, -1):  # the layers after the first, backward
-            _, _, g_w, g_b = plan[i]
-            torch.mm(g.t(), hs[i - 1], out=g_w)
-            torch.sum(g, 0, out=g_b)
-            g = torch.ops.aten.threshold_backward(g.mm(plan[i][0].t()), hs[i - 1], 0)  # (S, H)
+        g = _backward(tail, hs, g, to_input=True)  # ∂loss/∂(the first layer's pre-activation) (S, H)
         g_ws.copy_(torch.mm(sx.t(), g).t())  # autograd's product for W_sᵀ (its layout, so its rounding)
         torch.sum(g, 0, out=g_b0)
         torch.outer(g_b0, qx[0], out=g_wq)

@@ -132,9 +132,6 @@ class PairScorer(nn.Module):
         w = self.first.weight
         return torch.addmm(self.first.bias, query_x, w[:, self.x_dim : 2 * self.x_dim].T)
 
-    def _hooked(self) -> bool:
-        return has_forward_hooks((self.first, *self.hidden, self.out))
-
     def forward(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:
         """Raw scores of all pairs: ``(Q, D), (S, D), (S,) -> (Q, S)``.
 
@@ -144,7 +141,7 @@ class PairScorer(nn.Module):
         needs_grad = torch.is_grad_enabled() and (
             query_x.requires_grad or support_x.requires_grad or any(p.requires_grad for p in self.parameters())
         )
-        if not needs_grad and not self._hooked():
+        if not needs_grad and not has_forward_hooks((self.first, *self.hidden, self.out)):
             return self.score_blocked(query_x, support_x, support_y)
         a = self.support_part(support_x, support_y)  # (S, H)
         budget = self.pair_budget
@@ -157,9 +154,6 @@ class PairScorer(nn.Module):
         else:
             parts = [self.tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
         return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-    def _compute_dtype(self, device: torch.device, dtype: torch.dtype) -> torch.dtype:
-        return self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else dtype
 
     @torch.no_grad()
     def score_blocked(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:
@@ -176,7 +170,7 @@ class PairScorer(nn.Module):
 
     def _score_blocked(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None) -> Tensor:
         device, out_dtype = query_x.device, query_x.dtype
-        dtype = self._compute_dtype(device, out_dtype)
+        dtype = self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else out_dtype
         a = self.support_part(support_x, support_y).to(dtype)  # (S, H)
         b = self.query_part(query_x).to(dtype)  # (Q, H)
         n_q, n_s, width = b.shape[0], a.shape[0], a.shape[1]
@@ -201,18 +195,11 @@ class PairScorer(nn.Module):
     def _buffers_for(self, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Two ``(rows, width)`` buffers, reused while they are large enough and of the right device and dtype."""
         ws = self._workspace
-        if (
-            ws is None
-            or ws[0].shape[0] < rows
-            or ws[0].shape[1] != width
-            or ws[0].device != device
-            or ws[0].dtype != dtype
-        ):
-            ws = (
+        if ws is None or ws[0].shape[0] < rows or (ws[0].shape[1], ws[0].device, ws[0].dtype) != (width, device, dtype):
+            ws = self._workspace = (
                 torch.empty(rows, width, device=device, dtype=dtype),
                 torch.empty(rows, width, device=device, dtype=dtype),
             )
-            self._workspace = ws
         return ws
 
     def forward_concat(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:

@@ -7,13 +7,8 @@ query-only attention, on the flat tensors of :class:`~cl_lightning.nn.optim.Flat
 probes and monitors see the same parameters and optimiser state).
 
 Continual Backprop (:func:`cbp_mse_steps`): the MLP step with AdamGnT on the flat tensors of
-:class:`~cl_lightning.nn.optim.FlatAdamGnT` (a step count per element, both update rules), then generate-and-
-test's test of every hidden layer (ages, utilities, mean activations) into :class:`~cl_lightning.nn.GenerateAndTest`'s
-buffers. Its replacements (about one unit every 25 steps on slowly changing regression) stay in Python, in
-:meth:`GenerateAndTest.replace <cl_lightning.nn.gnt.GenerateAndTest.replace>`: the steps at which a layer replaces
-units follow from the host counts alone (accumulated fractions; ``accumulate=False`` draws at every step and is
-refused), so the kernel runs up to each such step and Python chooses, redraws (the torch path's generator draws) and
-resets the units' AdamGnT state in the flat tensors before the kernel goes on.
+:class:`~cl_lightning.nn.optim.FlatAdamGnT`, then generate-and-test's test of every hidden layer into
+:class:`~cl_lightning.nn.GenerateAndTest`'s buffers; its rare replacements stay in Python (the function says how).
 
 What differs from the torch path is rounding only: matrix products summed in another order, Adam's formulas without
 torch's vectorised loops, ``pow`` from the C library rather than SLEEF. One step agrees with the torch path to
@@ -23,11 +18,10 @@ would (and CBP may, at a near tie of two utilities, replace another unit), so a 
 for bit a run made with the other. That is why the torch path stays the default.
 
 The kernels' interface is typed: each takes one struct of named fields (``steps.h``'s ``*_FIELDS`` lists), mirrored
-here once as a :class:`ctypes.Structure`; on loading the library every field's name, offset, size and kind is
-compared with the table the C code exports (``<kernel>_layout``), so an edit on one side only raises
-:class:`NativeUnavailableError` naming the field instead of corrupting memory. Shapes are fields too; the attention
-kernel is also built once per shape it is called with (its widths compile-time constants: the same operations in the
-same order as the generic code, whose QOA step on the SCR scorer takes 1.2–1.5× as long: ``docs/results/scr_speed.md``).
+here once as a :class:`ctypes.Structure` and compared with the layout the library exports when it loads (the header
+says how). The attention kernel is also built once per shape it is called with (its widths compile-time constants:
+the same operations in the same order as the generic code, whose QOA step on the SCR scorer takes 1.2–1.5× as long:
+``docs/results/scr_speed.md``).
 
 The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) into
 ``$XDG_CACHE_HOME/cl_lightning/native`` (``~/.cache`` by default), one file per source, compiler (its version),
@@ -65,7 +59,6 @@ __all__ = [
     "cbp_mse_steps",
     "library",
     "mlp_mse_steps",
-    "refusal",
 ]
 
 _SOURCE = Path(__file__).with_name("steps.c")
@@ -132,6 +125,8 @@ class _GntArgs(ctypes.Structure):
     ]  # fmt: skip
 
 
+# GNT_FIELDS' per-layer buffer arrays -> the GenerateAndTest buffers they point to
+_TEST_BUFFERS = {"util": "util", "bc_util": "bias_corrected_util", "mean_act": "mean_act", "age": "age"}
 _KERNELS = {"mlp_mse_adam": _MlpArgs, "attention_mse_adam": _AttentionArgs, "mlp_mse_adam_gnt": _GntArgs}
 
 
@@ -143,11 +138,6 @@ class _StructLayout(ctypes.Structure):
     _fields_ = [("size", _I64), ("count", _I64), ("fields", ctypes.POINTER(_FieldLayout))]
 
 
-def _python_layout(args: type[ctypes.Structure]) -> list[tuple[str, int, int, str]]:
-    """(name, offset, size, kind) of each field of ``args``, as ``steps.c``'s tables give them."""
-    return [(name, getattr(args, name).offset, getattr(args, name).size, _KIND[kind]) for name, kind in args._fields_]
-
-
 def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
     """Every kernel's argument struct as compiled (``<kernel>_layout``) against its :class:`ctypes.Structure`:
     :class:`NativeUnavailableError` naming the first field that differs."""
@@ -157,7 +147,8 @@ def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
         except ValueError as error:  # a library without the table: not built from this steps.c
             raise NativeUnavailableError(f"{path.name} as built exports no {kernel}_layout: {error}") from error
         compiled = [(f.name.decode(), f.offset, f.size, chr(f.kind)) for f in table.fields[: table.count]]
-        mirrored = _python_layout(args)
+        fields = [(name, getattr(args, name), kind) for name, kind in args._fields_]  # as steps.c's tables give them
+        mirrored = [(name, field.offset, field.size, _KIND[kind]) for name, field, kind in fields]
         if compiled != mirrored or table.size != ctypes.sizeof(args):
             pairs = itertools.zip_longest(compiled, mirrored, fillvalue="nothing")
             first, (c, m) = next(((i, pair) for i, pair in enumerate(pairs) if pair[0] != pair[1]), (-1, ("", "")))
@@ -303,6 +294,16 @@ def _adam(adam: FlatAdam, steps: int) -> dict[str, float | int]:
     }  # fmt: skip
 
 
+def _mlp_data(
+    layers: list[nn.Linear], adam: FlatOptimizer, xs: Tensor, ys: Tensor
+) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
+    """What an MLP kernel reads and writes: ``xs (T, B, D)`` and ``ys (T, B, k)`` contiguous in float32, the
+    predictions ``(T, B, k)`` to fill, and the layers' :func:`_layout`."""
+    xs, ys = xs.contiguous().float(), ys.contiguous().float()
+    layout = _layout(adam, layers, [layers[0].in_features, *(layer.out_features for layer in layers)])
+    return xs, ys, xs.new_empty(*xs.shape[:2], ys.shape[2]), layout
+
+
 def _check(status: int) -> None:
     if status != 0:
         raise MemoryError("the native step kernel could not allocate its scratch memory")
@@ -312,10 +313,8 @@ def _check(status: int) -> None:
 def mlp_mse_steps(layers: list[nn.Linear], adam: FlatAdam, xs: Tensor, ys: Tensor) -> Tensor:
     """:func:`cl_lightning.nn.fused_steps.mlp_steps` (no ``after_step``) in one C call: ``xs (T, B, D)``,
     ``ys (T, B, k)`` ``-> predictions (T, B, k)``, each made before its step."""
+    xs, ys, preds, layout = _mlp_data(layers, adam, xs, ys)
     steps, batch, _ = xs.shape
-    xs, ys = xs.contiguous().float(), ys.contiguous().float()
-    preds = xs.new_empty(steps, batch, ys.shape[2])
-    layout = _layout(adam, layers, [layers[0].in_features, *(layer.out_features for layer in layers)])
     args = _MlpArgs(
         **_net(adam, layout, len(layers)), **_adam(adam, steps),
         xs=xs.data_ptr(), ys=ys.data_ptr(), preds=preds.data_ptr(), steps=steps, batch=batch,
@@ -363,19 +362,12 @@ def cbp_mse_steps(
     and resets their AdamGnT state in ``adam``'s flat tensors, as the torch path does; and so on to the chunk's end.
     """
     assert gnt.accumulate, "the learner refuses accumulate=False with the native kernel"
+    xs, ys, preds, layout = _mlp_data(layers, adam, xs, ys)
     steps, batch, _ = xs.shape
-    xs, ys = xs.contiguous().float(), ys.contiguous().float()
-    preds = xs.new_empty(steps, batch, ys.shape[2])
-    layout = _layout(adam, layers, [layers[0].in_features, *(layer.out_features for layer in layers)])
     h = adam.hyperparameters
     buffers = {  # per hidden layer: data pointers of the test's buffers (kept alive with `args`)
         field: (ctypes.c_void_p * gnt.num_layers)(*(gnt.buffer(name, i).data_ptr() for i in range(gnt.num_layers)))
-        for field, name in (
-            ("util", "util"),
-            ("bc_util", "bias_corrected_util"),
-            ("mean_act", "mean_act"),
-            ("age", "age"),
-        )
+        for field, name in _TEST_BUFFERS.items()
     }
     args = _GntArgs(
         **_net(adam, layout, len(layers)), element_step=adam.moments["element_step"].data_ptr(), batch=batch,

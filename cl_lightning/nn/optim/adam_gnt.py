@@ -79,21 +79,13 @@ class AdamGnT(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
+            hyper = (group["lr"], *group["betas"], group["weight_decay"], group["eps"])
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad if group["weight_decay"] == 0 else p.grad.add(p, alpha=group["weight_decay"])
                 state = self.state[p]
-                t, m, v = state["element_step"], state["exp_avg"], state["exp_avg_sq"]
-                t.add_(1)
-                m.mul_(beta1).add_(grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                if self.update_rule == "corrected":
-                    denom = (v / (1 - beta2**t)).sqrt_().add_(group["eps"])
-                    p.addcdiv_(m / (1 - beta1**t), denom, value=-group["lr"])
-                else:  # written as the reference computes it: (1 − β2^t) / ((√v + ε) / m)
-                    p.addcdiv_(1 - beta2**t, (v.sqrt() + group["eps"]) / m, value=-group["lr"])
+                moments = state["element_step"], state["exp_avg"], state["exp_avg_sq"]
+                adam_gnt_update(p, p.grad, moments, hyper, self.update_rule)
         return loss
 
     @torch.no_grad()
@@ -103,3 +95,39 @@ class AdamGnT(torch.optim.Optimizer):
         state = self.state[param]
         for key in ("element_step", "exp_avg", "exp_avg_sq"):
             state[key].index_fill_(dim, index.to(state[key].device), 0)
+
+
+def adam_gnt_update(
+    param: Tensor,
+    grad: Tensor,
+    moments: tuple[Tensor, Tensor, Tensor],
+    hyper: tuple[float, float, float, float, float],
+    update_rule: UpdateRule,
+    operands: tuple[Tensor | float, ...] | None = None,
+    one_minus_power: Callable[[Tensor | float, Tensor | None], Tensor] | None = None,
+    scratch: tuple[Tensor | None, Tensor | None] = (None, None),
+) -> None:
+    """One AdamGnT update of ``param`` from ``grad``, in place, ``moments`` its ``(t, m, v)`` and ``hyper``
+    ``(lr, β1, β2, weight_decay, ε)``: the module docstring's formulas, written once for :class:`AdamGnT` and its flat
+    form (:class:`~cl_lightning.nn.optim.FlatAdamGnT`), which passes ``(β1, β2, ε, 1)`` as 0-d tensor ``operands``,
+    its own ``one_minus_power(β, out)`` (``1 − β^t``; default ``1 − β ** t``) and two ``scratch`` tensors to write
+    into (default: new tensors)."""
+    lr, beta1, beta2, decay, eps = hyper
+    op_beta1, op_beta2, op_eps, one = (beta1, beta2, eps, 1) if operands is None else operands
+    t, m, v = moments
+
+    def one_minus(beta: Tensor | float, out: Tensor | None) -> Tensor:
+        return 1 - beta**t if one_minus_power is None else one_minus_power(beta, out)
+
+    if decay != 0:
+        grad = grad.add(param, alpha=decay)
+    t.add_(one)
+    m.mul_(op_beta1).add_(grad, alpha=1 - beta1)
+    v.mul_(op_beta2).addcmul_(grad, grad, value=1 - beta2)
+    a, b = scratch
+    one_minus_beta2_t = one_minus(op_beta2, a)
+    if update_rule == "corrected":  # p ← p − lr · (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)
+        denom = torch.div(v, one_minus_beta2_t, out=a).sqrt_().add_(op_eps)
+        param.addcdiv_(torch.div(m, one_minus(op_beta1, b), out=b), denom, value=-lr)
+    else:  # written as the reference computes it: p ← p − lr · (1 − β2^t) / ((√v + ε) / m)
+        param.addcdiv_(one_minus_beta2_t, torch.sqrt(v, out=b).add_(op_eps).div_(m), value=-lr)

@@ -5,7 +5,8 @@
   it is fused, else its single-tensor formulas once on the flat tensors;
 - :class:`FlatAdamGnT`: :class:`~cl_lightning.nn.optim.AdamGnT` (a step count per element, both update rules),
   its formulas once on the flat tensors;
-- :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either);
+- :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either), and
+  :func:`flat_optimizer_type`: which one does;
 - :class:`AdamHyperparameters`: what either is bound to (their ``hyperparameters``), for code that runs the update
   itself (:mod:`cl_lightning.nn.native`).
 
@@ -26,7 +27,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.optim.adam_gnt import AdamGnT
+from cl_lightning.nn.optim.adam_gnt import AdamGnT, adam_gnt_update
 
 _ALIGN = 16  # elements: 64 bytes of float32, the alignment of a tensor of its own on the CPU
 
@@ -274,24 +275,12 @@ class FlatAdamGnT(_FlatState):
         return [None] * steps
 
     def update(self, count: None = None) -> None:
-        """One AdamGnT update of the flat parameters from :attr:`grad` (``AdamGnT.step``'s operations, each once on
-        the flat tensors; ``β^t`` per parameter view)."""
-        lr, beta1, beta2, decay, _ = self._hyper
-        op_beta1, op_beta2, op_eps, one = self._operands
-        param, grad = self.flat, self.grad
-        t, m, v = (self.moments[k] for k in self.state_keys)
-        if decay != 0:
-            grad = grad.add(param, alpha=decay)
-        t.add_(one)
-        m.mul_(op_beta1).add_(grad, alpha=1 - beta1)
-        v.mul_(op_beta2).addcmul_(grad, grad, value=1 - beta2)
-        a, b = self._scratch[1:]
-        one_minus_beta2_t = self._one_minus_power(op_beta2, a)
-        if self._rule == "corrected":  # p ← p − lr · (m / (1 − β1^t)) / (√(v / (1 − β2^t)) + ε)
-            denom = torch.div(v, one_minus_beta2_t, out=a).sqrt_().add_(op_eps)
-            param.addcdiv_(torch.div(m, self._one_minus_power(op_beta1, b), out=b), denom, value=-lr)
-        else:  # the reference snapshot: p ← p − lr · (1 − β2^t) / ((√v + ε) / m)
-            param.addcdiv_(one_minus_beta2_t, torch.sqrt(v, out=b).add_(op_eps).div_(m), value=-lr)
+        """One AdamGnT update of the flat parameters from :attr:`grad`: ``AdamGnT.step``'s
+        (:func:`~cl_lightning.nn.optim.adam_gnt.adam_gnt_update`), each operation once on the flat tensors but
+        ``β^t``, per parameter view."""
+        moments = tuple(self.moments[k] for k in self.state_keys)
+        operands, powers = self._operands, self._one_minus_power
+        adam_gnt_update(self.flat, self.grad, moments, self._hyper, self._rule, operands, powers, self._scratch[1:])
 
     def release(self) -> None:
         """Nothing to write back: the flat state is the optimiser's state."""
@@ -305,6 +294,11 @@ class FlatAdamGnT(_FlatState):
 
 
 FlatOptimizer = FlatAdam | FlatAdamGnT  # what the fused steps update with
+
+
+def flat_optimizer_type(optimizer: torch.optim.Optimizer) -> type[FlatOptimizer]:
+    """The flat optimiser that reproduces ``optimizer``: :class:`FlatAdamGnT` for an AdamGnT, else :class:`FlatAdam`."""
+    return FlatAdamGnT if isinstance(optimizer, AdamGnT) else FlatAdam
 
 
 def scalar_operand(value: float, like: Tensor) -> Tensor | float:
