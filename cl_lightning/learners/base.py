@@ -20,6 +20,7 @@ from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
 from cl_lightning.learners.engines import StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
+from cl_lightning.memory.accounting import tensor_bytes
 from cl_lightning.nn.optim import FlatAdam, FlatOptimizer, drop_unloadable_nvml_check
 
 __all__ = ["ContinualLearner", "TaskMean", "TaskType", "adam_1e4"]
@@ -306,4 +307,4 @@ class ContinualLearner(LightningModule, ABC):
         Default: the bytes of every registered buffer (the package keeps all such state in buffers at final shape).
         Learners whose memory is held otherwise override this.
         """
-        return sum(b.numel() * b.element_size() for b in self.buffers())
+        return tensor_bytes(self.buffers())

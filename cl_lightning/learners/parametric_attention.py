@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import ContinualLearner, adam_1e4
+from cl_lightning.memory.accounting import tensor_bytes
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.fast_weights import DeltaRule, Encoded, FastWeightRule, State, as_state, as_tuple, gate_head
 from cl_lightning.nn.mlp import MLP
@@ -233,4 +234,4 @@ class ParametricAttention(ContinualLearner):
     def context_memory_bytes(self) -> int:
         """Bytes of the fast state (every buffer of it): the learner's whole context memory, constant over the
         stream."""
-        return sum(t.numel() * t.element_size() for t in as_tuple(self.live_state()))
+        return tensor_bytes(as_tuple(self.live_state()))

@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from cl_lightning.contract import StreamBatch, TaskType
 from cl_lightning.learners.base import adam_1e4
 from cl_lightning.learners.parametric_attention import ParametricAttention
+from cl_lightning.memory.accounting import tensor_bytes
 from cl_lightning.nn.fast_weights import DeltaRule, Encoded, GatedDeltaRule
 
 
@@ -152,4 +153,4 @@ class StableKeyMemory(ParametricAttention):
 
     def context_memory_bytes(self) -> int:
         """Bytes of the fast states, the centroids and the route counter: constant over the stream."""
-        return sum(t.numel() * t.element_size() for t in (self.fast_state, self.centroids, self.next_route))
+        return tensor_bytes((self.fast_state, self.centroids, self.next_route))
