@@ -32,8 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
-from cl_lightning.study.results import Experiment, last_value
+from cl_lightning.study.results import Experiment, last_logged, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
 PROBES = {"written": "written keys", "unseen": "unseen keys (rule)"}  # the P1 probe's slots and their columns
@@ -43,30 +42,12 @@ REFERENCES = {  # the P1 probe's references (callbacks.RuleReferenceMonitor) and
 }
 
 
-def lags_of(experiments: Sequence[Experiment]) -> list[int]:
-    """The lags logged apart by any experiment (``eval/<m>/lag_L`` tags), in order."""
-    found = set()
-    for exp in experiments:
-        for tag in exp.curves:
-            slot = parse_metric_key(tag, exp.metric)
-            if slot is not None and slot.role == "lag":
-                found.add(slot.task)
-    return sorted(found)
-
-
-def probes_of(experiments: Sequence[Experiment]) -> list[str]:
-    """The P1 probe's slots (``written``, ``unseen``) any experiment logged, in :data:`PROBES`' order."""
-    slots = (parse_metric_key(tag, exp.metric) for exp in experiments for tag in exp.curves)
-    logged = {slot.role for slot in slots if slot is not None}
-    return [role for role in PROBES if role in logged]
-
-
 def references(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     """Each reference's unseen-key accuracy over the tasks the P1 probe scored (``eval/unseen_<m>`` logged), from
     the first experiment that logged the references: ``{label: {"stream", "unseen", "unseen_std"}}``."""
     for exp in experiments:
         if all(tag in exp.curves for tag in REFERENCES):
-            scored = ~np.isnan(exp.rows(metric_key(EvalSlot("unseen"), exp.metric)))
+            scored = ~np.isnan(exp.score("unseen"))
             out = {}
             for tag, label in REFERENCES.items():
                 mean, std = seed_mean_std(np.where(scored, exp.rows(tag), np.nan))
@@ -86,30 +67,20 @@ def holds_buffer(suite_dir: Path, experiment: str) -> bool:
 def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = ()) -> dict[str, Any]:
     """One experiment's numbers: bytes held, forward after the last task, ``mean{L}`` / ``std{L}`` per lag and
     ``{probe}`` / ``{probe}_std`` per P1 probe slot."""
-    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
-    out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held)}
-    forward = last_logged(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
-    out["forward"], out["forward_std"] = seed_mean_std(forward)
+    out: dict[str, Any] = {"bytes": bytes_held(exp)}
+    out["forward"], out["forward_std"] = seed_mean_std(last_logged(exp.score("forward")))
     out["seeds"] = len(exp.seeds)
     for lag in lags:
-        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
+        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.score("lag", lag))
     for probe in probes:
-        out[probe], out[f"{probe}_std"] = seed_mean_std(exp.rows(metric_key(EvalSlot(probe), exp.metric)))
+        out[probe], out[f"{probe}_std"] = seed_mean_std(exp.score(probe))
     return out
 
 
-def last_logged(rows: np.ndarray) -> np.ndarray:
-    """Each seed's last logged value ``(S, 1)`` (NaN: none logged), for :func:`seed_mean_std`.
-
-    >>> last_logged(np.array([[0.5, 0.25, np.nan], [np.nan, np.nan, np.nan]])).tolist()
-    [[0.25], [nan]]
-    """
-    out = np.full((len(rows), 1), np.nan)
-    for i, row in enumerate(rows):
-        seen = row[~np.isnan(row)]
-        if seen.size:
-            out[i, 0] = seen[-1]
-    return out
+def bytes_held(exp: Experiment) -> int | None:
+    """``memory/budget_bytes`` after the last task (``None``: not logged), as the budget and reuse cells hold it."""
+    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
+    return None if math.isnan(held) else round(held)
 
 
 def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
@@ -149,7 +120,9 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
     """The cells by learner (experiment label) and budget, the buffer learners, the lags and the crossovers."""
-    budgets, lags, probes = meta.get("budgets") or {}, lags_of(experiments), probes_of(experiments)
+    budgets = meta.get("budgets") or {}
+    lags = sorted({lag for exp in experiments for lag in exp.slots("lag")})
+    probes = [role for role in PROBES if any(exp.slots(role) for exp in experiments)]  # P1 slots, PROBES' order
     cells: dict[str, dict[int, dict[str, Any]]] = {}
     streams, buffers = {}, set()
     for exp in experiments:

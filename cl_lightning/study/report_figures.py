@@ -197,13 +197,11 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
 
 def matrix_figure(exp: Experiment) -> Figure | None:
     """The probe-set matrix R averaged over seeds (cells no seed measured stay blank)."""
-    slots = [parse_metric_key(tag, exp.metric) for tag in exp.curves]
-    probes = sorted(slot.task for slot in slots if slot is not None and slot.role == "matrix")
+    probes = exp.slots("matrix")
     if not probes:
         return None
     # (seeds, rows = probe tasks, cols = probe tasks): R[i, j] logged at the end of probe task i
-    keys = [metric_key(EvalSlot("matrix", j), exp.metric) for j in probes]
-    stacked = np.stack([exp.rows(key)[:, probes] for key in keys], axis=-1)
+    stacked = np.stack([exp.score("matrix", j)[:, probes] for j in probes], axis=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # cells no seed measured
         mean = np.nanmean(stacked, axis=0)

@@ -30,9 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
-from cl_lightning.study.report_budget import markdown_rows, mean_std, seed_mean_std
-from cl_lightning.study.results import Experiment, last_value
+from cl_lightning.study.report_budget import bytes_held, markdown_rows, mean_std, seed_mean_std
+from cl_lightning.study.results import Experiment
 
 SETTLED = 5
 """Forward, revised and stale are read from this task on (the former benchmarks/lifelong_reuse.py's start: the
@@ -40,36 +39,19 @@ maps have settled)."""
 COLUMNS = ("stream", "learner", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
            "first visit", "return recall, first", "last")  # fmt: skip
 SCORES = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
-REVISION = ("revised", "stale")
-
-
-def is_reuse(exp: Experiment) -> bool:
-    """Whether the experiment logged return or revision scores."""
-    slots = (parse_metric_key(tag, exp.metric) for tag in exp.curves)
-    return any(slot is not None and slot.role in ("return", *REVISION) for slot in slots)
-
-
-def visits_of(exp: Experiment) -> list[int]:
-    """The visit numbers of the return scores the experiment logged, in order."""
-    slots = (parse_metric_key(tag, exp.metric) for tag in exp.curves)
-    return sorted(slot.task for slot in slots if slot is not None and slot.role == "return")
 
 
 def reuse_cell(exp: Experiment) -> dict[str, Any]:
     """One experiment's row: bytes held and each score's mean and std over seeds (``<score>`` / ``<score>_std``;
     NaN where the stream has no such score)."""
-    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
-    forward = exp.rows(metric_key(EvalSlot("forward"), exp.metric))
-    rows = {"forward": forward[:, SETTLED:]}
-    rows |= {role: exp.rows(metric_key(EvalSlot(role), exp.metric))[:, SETTLED:] for role in REVISION}
-    visits = visits_of(exp)
+    rows = {role: exp.score(role)[:, SETTLED:] for role in ("forward", "revised", "stale")}
+    visits = exp.slots("return")
     if visits:
-        before = exp.rows(metric_key(EvalSlot("return", 0), exp.metric))
+        before = exp.score("return", 0)
         recur = int((~np.isnan(before)).sum(axis=1).max()) + 1  # visit 0 is logged before tasks 1 .. k-1
-        rows["before_first"], rows["first_visit"] = before, forward[:, :recur]
-        rows["return_first"] = exp.rows(metric_key(EvalSlot("return", 1), exp.metric))
-        rows["return_last"] = exp.rows(metric_key(EvalSlot("return", visits[-1]), exp.metric))
-    out: dict[str, Any] = {"bytes": None if np.isnan(held) else round(held), "seeds": len(exp.seeds)}
+        rows["before_first"], rows["first_visit"] = before, exp.score("forward")[:, :recur]
+        rows["return_first"], rows["return_last"] = exp.score("return", 1), exp.score("return", visits[-1])
+    out: dict[str, Any] = {"bytes": bytes_held(exp), "seeds": len(exp.seeds)}
     for name in SCORES:
         out[name], out[f"{name}_std"] = seed_mean_std(rows[name]) if name in rows else (np.nan, np.nan)
     return out
@@ -80,7 +62,7 @@ def reuse_study(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     return {
         exp.name: {"label": exp.label, "stream": exp.stream or "", **reuse_cell(exp)}
         for exp in experiments
-        if is_reuse(exp)
+        if any(exp.slots(role) for role in ("return", "revised", "stale"))  # logged return or revision scores
     }
 
 
