@@ -22,6 +22,7 @@ import yaml
 
 from cl_lightning.contract import step_numbers
 from cl_lightning.errors import UsageError
+from cl_lightning.study.report_tables import markdown_table
 from cl_lightning.study.suite import load_suite
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # so the child imports this package, installed or not
@@ -183,8 +184,8 @@ def write_departures(
         if isinstance(deps, str) or not deps:
             lines.append(f"Departures: {departures_text(deps)}.")
             continue
-        lines += ["| key | paper config | runs |", "|---|---|---|"]
-        lines += [f"| `{d.key}` | {show(d.paper)} | {' / '.join(show(v) for v in d.ours)} |" for d in deps]
+        rows = [[f"`{d.key}`", show(d.paper), " / ".join(show(v) for v in d.ours)] for d in deps]
+        lines += markdown_table(("key", "paper config", "runs"), rows)
     text = "\n".join(lines) + "\n"
     (out / "departures.md").write_text(text)
     return text

@@ -51,7 +51,7 @@ from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study.report_budget import write_budget
 from cl_lightning.study.report_reuse import write_reuse
-from cl_lightning.study.report_tables import block_table, window_table, write_table, write_window_csv
+from cl_lightning.study.report_tables import block_table, window_table, write_table
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
 SCALARS = ("forward", "backward", "online")
@@ -314,17 +314,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for row in rows:  # its numbers come from what could be read: marked partial
         if row["experiment"] in damaged:
             row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
-    text = write_table(rows, out)
     paper = paper_points(experiments, meta)
-    text += "".join(
-        "\n" + t for t in (window_table(experiments, paper), block_table(experiments, paper, opts.block)) if t
-    )
+    window = window_table(experiments, paper, out)
     budget = write_budget(suite_dir, experiments, meta, out)
-    text += "\n" + budget if budget else ""
     reuse = write_reuse(experiments, out)
-    text += "\n" + reuse if reuse else ""
+    sections = (window, block_table(experiments, paper, opts.block), budget, reuse)
+    text = write_table(rows, out) + "".join("\n" + t for t in sections if t)
     (out / "table.md").write_text(text)
-    windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
+    windows = ["windows.csv"] if window else []
     windows += [f for f in ("budget.md", "budget.json", "budget.png") if budget and (out / f).exists()]
     windows += ["reuse.md", "reuse.json"] if reuse else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))

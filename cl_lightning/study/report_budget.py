@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from cl_lightning.study.report_tables import markdown_table
 from cl_lightning.study.results import Experiment, last_logged, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
@@ -148,12 +149,6 @@ def mean_std(mean: float, std: float) -> str:
     return "-" if math.isnan(mean) else f"{_fmt(mean)} ± {_fmt(std)}"
 
 
-def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A Markdown table's lines: two left-aligned text columns (stream, learner), the rest numbers, right-aligned."""
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def budget_markdown(study: dict[str, Any]) -> str:
     """The budget table (a row per learner and budget) and the crossover line."""
     lags, probes = study["lags"], study.get("probes", [])
@@ -168,7 +163,7 @@ def budget_markdown(study: dict[str, Any]) -> str:
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
             forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
             rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
-    lines = markdown_rows([*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)], rows)
+    lines = markdown_table([*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)], rows, 2)
     if not study["crossover"]:
         return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())

@@ -18,7 +18,7 @@ seed then mean ± population std over seeds (:func:`~cl_lightning.study.report_b
 - **return recall, first / last**: a returning map before it is shown again at its first return (visit 1, tasks
   k .. 2k-1) and at its last (the highest visit logged): a rise measures consolidation over repeated exposures.
 
-``reuse.md`` holds the table (:func:`~cl_lightning.study.report_budget.markdown_rows`), ``reuse.json`` the cells.
+``reuse.md`` holds the table (:func:`~cl_lightning.study.report_tables.markdown_table`), ``reuse.json`` the cells.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from cl_lightning.study.report_budget import bytes_held, markdown_rows, mean_std, seed_mean_std
+from cl_lightning.study.report_budget import bytes_held, mean_std, seed_mean_std
+from cl_lightning.study.report_tables import markdown_table
 from cl_lightning.study.results import Experiment
 
 SETTLED = 5
@@ -73,7 +74,7 @@ def reuse_markdown(cells: dict[str, dict[str, Any]]) -> str:
         + [mean_std(c[name], c[f"{name}_std"]) for name in SCORES]
         for c in cells.values()
     ]
-    return "\n".join([*markdown_rows(COLUMNS, rows), ""])
+    return "\n".join([*markdown_table(COLUMNS, rows, 2), ""])
 
 
 def write_reuse(experiments: Sequence[Experiment], out: Path) -> str:
