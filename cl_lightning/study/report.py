@@ -6,33 +6,19 @@ through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the las
 ``W + e`` is task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up
 tasks).
 
-- ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
-  experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
-  then both averaged over windows of ``T // 80`` tasks (the authors' plotting: the band is the window mean of the
-  per-task std, numpy's population std);
-- ``online.png``: the prequential (online) score, the same way;
-- ``hessian_eff_rank.png``: the last layer's Hessian effective rank where it was measured, raw and, as the paper's
-  Figure 4, min–max normalised per seed before averaging;
-- ``matrix_<experiment>.png``: the probe-set accuracy matrix R, averaged over seeds;
-- ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
-  backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
-  forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it in
-  ``table.md`` (:mod:`cl_lightning.study.report_tables`): for the windows where the paper's early curve was read
-  (Figure 1), each window's mean ± std over seeds beside the paper's; for the other experiments with at least two
-  complete blocks of ``--block`` evaluated tasks (default 100; 0: none), forward, backward and the Hessian rank per
-  block, mean ± std over seeds of each seed's block mean;
+- ``table.md`` / ``table.csv``: per experiment the final-window (last ``max(T // 80, 5)`` tasks) forward, backward
+  and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and forgetting of R;
+  wall seconds per task; peak memory; the paper's value beside each where it has one
+  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it the
+  paper's windows beside ours (all of them in ``windows.csv``) and, for the other experiments, the scores per
+  ``--block`` of evaluated tasks (:mod:`cl_lightning.study.report_tables`);
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
   (:mod:`cl_lightning.study.departures`);
-- ``budget.md`` / ``budget.json`` / ``budget.png``, for a budget study (a suite whose experiments name a
-  ``budget``): live recall at each lag logged apart against the context-memory bytes, and the crossover budgets
-  (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``;
-- ``reuse.md`` / ``reuse.json``, when runs scored returning maps before they are shown again (the data module's
-  ``returns``): forward, before first visit, first visit and return recall at the first and last return
-  (:mod:`cl_lightning.study.report_reuse`), also added to ``table.md``.
-
-The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
-backward lag, and say why a panel is empty.
+- ``forward_backward.png``, ``online.png``, ``hessian_eff_rank.png`` and ``matrix_<experiment>.png``: the paper's
+  Figures 1–4 and the probe-set matrix R (:mod:`cl_lightning.study.report_figures`);
+- ``budget.md`` / ``budget.json`` / ``budget.png`` for a budget study (a suite whose experiments name a ``budget``;
+  :mod:`cl_lightning.study.report_budget`) and ``reuse.md`` / ``reuse.json`` when runs scored returning maps or
+  revised keys (:mod:`cl_lightning.study.report_reuse`), each also added to ``table.md``.
 """
 
 from __future__ import annotations
@@ -268,21 +254,11 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
     return rows
 
 
-def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
-    """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
-    from cl_lightning.study.departures import departures_text, suite_departures, write_departures
-
-    found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
-    for row in rows:
-        row["departures"] = departures_text(found[row["experiment"]])
-    write_departures(found, {r["experiment"]: r["label"] for r in rows}, meta, out)
-    return "departures.md"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning report``."""
     # matplotlib and Lightning (R is drawn by callbacks.forgetting) only when drawing: the sweep imports this module
     # to read trial states, and without them the import takes about 1.6 s instead of 4 s
+    from cl_lightning.study.departures import write_departures
     from cl_lightning.study.report_figures import write_figures
 
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
@@ -310,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(opts.out) if opts.out else suite_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(experiments, meta)
-    found = add_departures(rows, suite_dir, meta, out)  # departures.md names experiments by their plain label
+    write_departures(rows, suite_dir, meta, out)  # departures.md names experiments by their plain label
     for row in rows:  # its numbers come from what could be read: marked partial
         if row["experiment"] in damaged:
             row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
@@ -326,5 +302,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     windows += ["reuse.md", "reuse.json"] if reuse else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
-    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, "departures.md", *figures]))
     return 0

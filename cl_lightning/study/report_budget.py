@@ -1,23 +1,13 @@
 """The budget study's section of the report: live recall at several lags against the context-memory bytes.
 
 A suite whose experiments name a ``budget`` (:mod:`cl_lightning.study.suite`) is a budget study: each experiment is
-one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B. From the event files this writes one
-row per experiment: the stream, the learner, B, the bytes it holds (``memory/budget_bytes`` after the last task,
-:func:`~cl_lightning.memory.accounting.memory_bytes`), the forward score after the last task (the last task's
-queries read from memory), and the live recall at each lag L logged apart (``eval/backward_acc/lag_L``, the data
-module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``); each
-mean ± population std over seeds (:func:`seed_mean_std`). A learner with a replay buffer (``memory_size`` in its
-saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
-which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
-if the rules stay ahead at the largest; none is drawn for a suite of rules only, such as the goals suites
-``lifelong_goals_*``: one budget, the goal's, for every setting). A suite whose runs log the P1 probe (the data
-module's ``recall_probe_from``: ``eval/written_acc``, ``eval/unseen_acc``, the ``lifelong_rule_*`` suites) gets a
-column for each, per seed the mean over the tasks it was logged after, mean ± std over seeds as the lags, and, when
-its runs log the two references (``RuleReferenceMonitor``: ``reference/*_acc``), a row for each on the unseen keys
-over the same tasks, read from the first experiment that logged them (every run of a seed has the same stream).
-``budget.md`` holds the table and the crossovers, ``budget.json`` the cells (``{"cells": {learner: {B: cell}},
-"crossover": {L: B}}``, and ``"references"`` when logged), ``budget.png`` one panel per lag (when lags are logged):
-recall against the bytes held, a line per learner (buffers dashed) with its ± std band.
+one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B; a learner with a replay buffer
+(``memory_size`` in its saved config) is a *buffer* learner, any other a *rule*. Per experiment, one row
+(:func:`cell`): the bytes it holds, the forward score after the last task, the live recall at each lag logged apart
+(the data module's ``lags``) and, where logged, the P1 probe's written and unseen keys, each mean ± std over seeds
+(:func:`seed_mean_std`); above them the P1 probe's references (:func:`references`), and under them the crossovers
+(:func:`crossover`; none for a suite of rules only). ``budget.md`` / ``budget.json`` / ``budget.png``
+(:func:`write_budget`); what the studies found and how their suites run: ``docs/results/lifelong_icl.md`` §1, §3, §4.
 """
 
 from __future__ import annotations
@@ -45,7 +35,8 @@ REFERENCES = {  # the P1 probe's references (callbacks.RuleReferenceMonitor) and
 
 def references(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     """Each reference's unseen-key accuracy over the tasks the P1 probe scored (``eval/unseen_<m>`` logged), from
-    the first experiment that logged the references: ``{label: {"stream", "unseen", "unseen_std"}}``."""
+    the first experiment that logged the references (every run of a seed has the same stream):
+    ``{label: {"stream", "unseen", "unseen_std"}}``."""
     for exp in experiments:
         if all(tag in exp.curves for tag in REFERENCES):
             scored = ~np.isnan(exp.score("unseen"))
@@ -115,8 +106,9 @@ def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], la
     return found
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+def _pair(mean: float, std: float) -> str:
+    """``mean ± std`` to three decimals, each ``-`` where NaN (a lag a learner did not log: ``- ± -``)."""
+    return " ± ".join("-" if math.isnan(x) else f"{x:.3f}" for x in (mean, std))
 
 
 def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
@@ -146,7 +138,7 @@ def mean_std(mean: float, std: float) -> str:
     >>> mean_std(0.5, 0.25), mean_std(math.nan, math.nan)
     ('0.500 ± 0.250', '-')
     """
-    return "-" if math.isnan(mean) else f"{_fmt(mean)} ± {_fmt(std)}"
+    return "-" if math.isnan(mean) else _pair(mean, std)
 
 
 def budget_markdown(study: dict[str, Any]) -> str:
@@ -155,13 +147,13 @@ def budget_markdown(study: dict[str, Any]) -> str:
     rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
         width = len(COLUMNS) + len(lags) + len(probes)
-        rows.append([ref["stream"], name, *["-"] * (width - 3), f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"])
+        rows.append([ref["stream"], name, *["-"] * (width - 3), _pair(ref["unseen"], ref["unseen_std"])])
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
-            recall = [f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags]
-            recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in probes]
+            recall = [_pair(c[f"mean{lag}"], c[f"std{lag}"]) for lag in lags]
+            recall += [_pair(c[p], c[f"{p}_std"]) for p in probes]
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
-            forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
+            forward = _pair(c["forward"], c["forward_std"])
             rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
     lines = markdown_table([*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes)], rows, 2)
     if not study["crossover"]:
@@ -200,8 +192,9 @@ def budget_figure(study: dict[str, Any], path: Path) -> None:
 
 
 def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any], out: Path) -> str:
-    """Write ``budget.md``, ``budget.json`` and ``budget.png`` under ``out`` when the suite is a budget study; the
-    Markdown section for ``table.md`` (empty otherwise)."""
+    """Write ``budget.md``, ``budget.json`` (``{"cells": {learner: {B: cell}}, "buffers", "crossover": {L: B}}``,
+    and ``"references"`` when logged) and ``budget.png`` (when lags are logged) under ``out`` when the suite is a
+    budget study; the Markdown section for ``table.md`` (empty otherwise)."""
     if not meta.get("budgets"):
         return ""
     study = budget_study(suite_dir, experiments, meta)

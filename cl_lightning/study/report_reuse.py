@@ -1,24 +1,18 @@
-"""The reuse study's section of the report: what a learner does with keys that come back (issue 24, streams that
-reuse keys): a value revised, a map that returns.
+"""The reuse study's section of the report: what a learner does with keys that come back (issue 24): a value
+revised, a map that returns (the streams and what they found: ``docs/results/lifelong_icl.md`` §2).
 
-On a stream whose maps recur every k tasks (``recur_every``), the data module's ``returns`` scores the next task's
-queries before it is shown (``eval/return_{m}/visit_n``, n = the times its map was shown before); on one that
-revises a share of the values every task (``revise``), the data module's ``revisions`` scores the queries of the keys
-revised at this task against their new and their old values (``eval/revised_{m}``, ``eval/stale_{m}``). From the
-event files this writes one row per experiment that logged such scores (``-`` where its stream has none): the
-stream, the learner (its label), the bytes it holds (``memory/budget_bytes`` after the last task), and, each per
-seed then mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
+The data module's ``returns`` (a stream whose maps recur every k tasks) and ``revisions`` (one that revises values)
+log the scores read here. One row per experiment that logged them (``-`` where its stream has none): stream,
+learner (label), bytes held (:func:`~cl_lightning.study.report_budget.bytes_held`) and each score per seed, then
+mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
 
-- **forward**: the current map's queries after its task, from task ``SETTLED`` on (the maps have settled);
-- **revised keys** / **stale answers**: the revised keys' queries answered with the new value / the old one, from
-  task ``SETTLED`` on;
-- **before first visit**: a map not yet shown (visit 0, tasks 1 .. k-1): what nothing kept gives;
-- **first visit**: the forward score of the first k tasks, right after each map's first showing, what the first
-  return is read against;
-- **return recall, first / last**: a returning map before it is shown again at its first return (visit 1, tasks
-  k .. 2k-1) and at its last (the highest visit logged): a rise measures consolidation over repeated exposures.
-
-``reuse.md`` holds the table (:func:`~cl_lightning.study.report_tables.markdown_table`), ``reuse.json`` the cells.
+- **forward** / **revised keys** / **stale answers**: the current map's queries after its task, the revised keys'
+  queries answered with the new value / the old one (``eval/revised_{m}``, ``eval/stale_{m}``), from task
+  ``SETTLED`` on (the maps have settled);
+- **before first visit**: a map not yet shown (``eval/return_{m}/visit_0``, tasks 1 .. k-1): what nothing kept gives;
+- **first visit**: the forward score of the first k tasks, what the first return is read against;
+- **return recall, first / last**: a returning map before it is shown again, at its first return (visit 1, tasks
+  k .. 2k-1) and its last (the highest visit logged): a rise measures consolidation over repeated exposures.
 """
 
 from __future__ import annotations

@@ -17,11 +17,7 @@ from typing import Any
 import numpy as np
 
 from cl_lightning.contract import EvalSlot, metric_key
-from cl_lightning.study.results import Experiment, PaperWindows, block_stats, spread_of
-
-HESSIAN_RANK = "hessian/eff_rank"
-"""The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
-default the last layer), as the report's rank figure reads it."""
+from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, block_stats, spread_of
 
 
 def _decimals(mean: float) -> int:

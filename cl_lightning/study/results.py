@@ -19,6 +19,10 @@ import numpy as np
 from cl_lightning.contract import EvalSlot, SlotRole, metric_key, parse_metric_key
 from cl_lightning.metrics import window_means
 
+HESSIAN_RANK = "hessian/eff_rank"
+"""The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
+default the last layer), as the report's rank figure and block table read it."""
+
 
 @dataclass
 class Experiment:
