@@ -40,8 +40,6 @@ from cl_lightning.study.report_reuse import write_reuse
 from cl_lightning.study.report_tables import block_table, window_table, write_table
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
 
-SCALARS = ("forward", "backward", "online")
-
 
 def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict[str, dict[int, float]]:
     """Every scalar of the event files in ``log_dir`` as ``{tag: {step: value}}``; a step written twice (a resumed
@@ -85,14 +83,11 @@ def _record_damage(path: Path) -> str | None:
         header = data[offset : offset + 12]
         if len(header) < 12:
             return f"truncated at byte {offset} of {len(data)}, after {records} records"
-        length = int.from_bytes(header[:8], "little")
-        if int.from_bytes(header[8:], "little") != masked_crc32c(header[:8]):
-            return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
-        end = offset + 12 + length + 4
-        if end > len(data):
+        end = offset + 12 + int.from_bytes(header[:8], "little") + 4
+        framed = int.from_bytes(header[8:], "little") == masked_crc32c(header[:8])  # the length can be trusted
+        if framed and end > len(data):
             return f"truncated at byte {len(data)}, inside record {records + 1}"
-        body, crc = data[offset + 12 : end - 4], data[end - 4 : end]
-        if int.from_bytes(crc, "little") != masked_crc32c(body):
+        if not framed or int.from_bytes(data[end - 4 : end], "little") != masked_crc32c(data[offset + 12 : end - 4]):
             return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
         offset, records = end, records + 1
     return None
@@ -172,20 +167,20 @@ def published_numbers() -> dict[str, Any]:
 def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
     """The paper's numbers for this experiment: benchmark from the suite (or the stream class), method from the
     suite's ``published`` key (or the experiment's name when it is a method key)."""
-    methods = paper["benchmarks"].get(_benchmark(exp, meta, paper), {}).get("methods", {})
-    return methods.get(exp.published or exp.name, {})
+    return _benchmark(exp, meta, paper).get("methods", {}).get(exp.published or exp.name, {})
 
 
-def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> str | None:
-    """The benchmark key: the suite's, else the one whose stream the experiment ran."""
-    return meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
+    """The paper's benchmark: the suite's, else the one whose stream the experiment ran (empty: none)."""
+    key = meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+    return paper["benchmarks"].get(key, {})
 
 
 def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, PaperWindows]:
     """Per experiment with a paper curve (``published.yaml``'s ``windows``), the paper's windows and chance level."""
     paper, out = published_numbers(), {}
     for exp in experiments:
-        spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
+        spec = _benchmark(exp, meta, paper)
         entry = paper_entry(exp, meta, paper)
         windows = entry.get("windows")
         if windows is not None:
@@ -200,15 +195,16 @@ def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dic
 def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> float | None:
     """The benchmark's chance score (``published.yaml``'s ``chance``; ``None`` for regression or an unknown one)."""
     paper = published_numbers()
-    levels = {paper["benchmarks"].get(_benchmark(e, meta, paper), {}).get("chance") for e in experiments}
+    levels = {_benchmark(e, meta, paper).get("chance") for e in experiments}
     return levels.pop() if len(levels) == 1 else None
 
 
-def paper_text(entry: dict[str, Any] | None, key: str = "end") -> str:
-    """``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper has no such value."""
-    if not entry or key not in entry:
+def paper_text(entry: dict[str, Any] | None) -> str:
+    """The paper's value at the end of its run, ``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper
+    has none."""
+    if not entry or "end" not in entry:
         return ""
-    v = entry[key]
+    v = entry["end"]
     value = f"{v[0]:.3g}–{v[1]:.3g}" if isinstance(v, list) else f"{v:.3g}"
     return f"{value} (Fig. {entry['figure']}, p. {entry['page']})"
 
@@ -230,9 +226,9 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
         unfinished = int((~done).sum())
         row |= {"unfinished": unfinished, "tasks": exp.num_evaluated_tasks, "final_window": final}
-        tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), online_key(m))
-        for what, tag in zip(SCALARS, tags, strict=True):
-            mean, std, n = final_window(exp.rows(tag), final)
+        scores = {"forward": exp.score("forward"), "backward": exp.score("backward"), "online": exp.rows(online_key(m))}
+        for what, values in scores.items():
+            mean, std, n = final_window(values, final)
             row |= {
                 f"{what}_mean": mean,
                 f"{what}_std": spread_of(std, n),

@@ -79,8 +79,8 @@ def _empty_reason(experiments: Sequence[Experiment], role: str | None) -> str:
     """Why a panel has no curve: the backward lag reaches past every run's tasks, or the score was not logged."""
     lags = [e.backward_lag for e in experiments if e.backward_lag is not None]
     first = min((lag if isinstance(lag, int) else min(lag)) for lag in lags) if lags else None
-    if role == "backward" and first is not None and max(e.num_evaluated_tasks for e in experiments) <= first:
-        most = max(e.num_evaluated_tasks for e in experiments)
+    most = max(e.num_evaluated_tasks for e in experiments)
+    if role == "backward" and first is not None and most <= first:
         return f"no backward score yet: {most} evaluated task{'s' * (most > 1)}, and task t − {first} needs more"
     return "not logged by any run"
 
