@@ -20,17 +20,13 @@ from cl_lightning.contract import EvalSlot, metric_key
 from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, block_stats, spread_of
 
 
-def _decimals(mean: float) -> int:
-    """Three significant digits (MSEs reach 0.001), at least three decimals."""
-    return max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
-
-
 def _pm(mean: float, std: float, decimals: int | None = None) -> str:
     """``0.679 ± 0.012``: three significant digits (MSEs reach 0.001) unless ``decimals`` is given, the std to the
     mean's last digit; the mean alone when the std is NaN (one seed), ``—`` when the mean is."""
     if math.isnan(mean):
         return "—"
-    decimals = _decimals(mean) if decimals is None else decimals
+    if decimals is None:  # three significant digits, at least three decimals
+        decimals = max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
     return f"{mean:.{decimals}f}" if math.isnan(std) else f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 
