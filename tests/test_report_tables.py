@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cl_lightning.study.report_tables import block_table, shown_windows, window_table, write_window_csv
+from cl_lightning.study.report_tables import block_table, shown_windows, window_table
 from cl_lightning.study.results import Experiment, PaperWindows
 
 FWD, BWD, RANK = "eval/forward_mse", "eval/backward_mse", "hessian/eff_rank"
@@ -137,7 +137,7 @@ def test_window_table_of_the_papers_75_windows_shows_every_fifth_and_the_csv_all
     assert lines[3].startswith("| QOA | backward | 0.600 ± 0.100 / 0.31–0.34 |")
     assert lines[2].endswith("| 0.600 ± 0.100 / 0.818 |")
     assert "all are in `windows.csv`" in lines[5]
-    assert write_window_csv([exp], paper, tmp_path)
+    assert window_table([exp], paper, tmp_path)
     with open(tmp_path / "windows.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 150
@@ -146,7 +146,8 @@ def test_window_table_of_the_papers_75_windows_shows_every_fifth_and_the_csv_all
     assert (first["score"], first["first_task"], first["last_task"], first["seeds"]) == ("backward", "0", "99", "2")
     assert (float(first["mean"]), float(first["std"])) == pytest.approx((0.6, 0.1))
     assert (first["paper_low"], first["paper_high"]) == ("0.31", "0.34")
-    assert not write_window_csv([exp], {}, tmp_path / "none")
+    assert window_table([exp], {}, tmp_path / "none") == ""
+    assert not (tmp_path / "none").exists()
 
 
 def test_few_windows_are_all_shown() -> None:

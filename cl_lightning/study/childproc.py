@@ -26,6 +26,12 @@ _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") el
 _state: dict[str, int | None] = {"signum": None, "child": None}  # the signal received, the child waited for
 
 
+def package_pythonpath() -> str:
+    """``PYTHONPATH`` with this package's root first: a child process or a Ray worker imports this package, installed
+    or not."""
+    return os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
+
+
 def die_with_parent() -> None:
     """In the child (Linux): receive SIGTERM when the parent dies. Runs between fork and exec: one C call."""
     if _LIBC is not None:

@@ -22,9 +22,9 @@ import yaml
 
 from cl_lightning.contract import step_numbers
 from cl_lightning.errors import UsageError
-from cl_lightning.study.suite import load_suite
-
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # so the child imports this package, installed or not
+from cl_lightning.study.childproc import package_pythonpath
+from cl_lightning.study.report_tables import markdown_table
+from cl_lightning.study.suite import config_args, load_suite
 
 IGNORED = frozenset(
     {
@@ -117,24 +117,18 @@ def resolved_configs(argvs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
     """
     if not argvs:
         return []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}
     done = subprocess.run(
         [sys.executable, "-m", "cl_lightning.run.resolve", "-"],
         input=json.dumps([list(a) for a in argvs]),
         capture_output=True,
         text=True,
-        env=env,
+        env={**os.environ, "PYTHONPATH": package_pythonpath()},
         check=False,
     )
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         raise UsageError(lines[-1].removeprefix("error: ") if lines else "the paper configs could not be resolved")
     return json.loads(done.stdout)
-
-
-def config_args(files: Sequence[str]) -> list[str]:
-    """``--config F`` for each of ``files``."""
-    return [a for f in files for a in ("--config", str(f))]
 
 
 def suite_departures(
@@ -163,11 +157,11 @@ def departures_text(found: str | list[Departure]) -> str:
     return "; ".join(str(d) for d in found) or "none"
 
 
-def write_departures(
-    found: dict[str, str | list[Departure]], labels: dict[str, str], meta: dict[str, Any], out: Path
-) -> str:
-    """Write ``departures.md``: per experiment its paper config and a table of the keys its runs change."""
-    papers = paper_configs(meta)
+def write_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> None:
+    """Fill each of ``table.md``'s rows' ``departures`` (:func:`departures_text`) and write ``departures.md``: per
+    experiment its paper config and a table of the keys its runs change."""
+    found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
+    papers, labels = paper_configs(meta), {r["experiment"]: r["label"] for r in rows}
     lines = [
         "# Departures from the paper config",
         "",
@@ -183,8 +177,8 @@ def write_departures(
         if isinstance(deps, str) or not deps:
             lines.append(f"Departures: {departures_text(deps)}.")
             continue
-        lines += ["| key | paper config | runs |", "|---|---|---|"]
-        lines += [f"| `{d.key}` | {show(d.paper)} | {' / '.join(show(v) for v in d.ours)} |" for d in deps]
-    text = "\n".join(lines) + "\n"
-    (out / "departures.md").write_text(text)
-    return text
+        keys = [[f"`{d.key}`", show(d.paper), " / ".join(show(v) for v in d.ours)] for d in deps]
+        lines += markdown_table(("key", "paper config", "runs"), keys)
+    (out / "departures.md").write_text("\n".join(lines) + "\n")
+    for row in rows:
+        row["departures"] = departures_text(found[row["experiment"]])

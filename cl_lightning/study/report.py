@@ -6,33 +6,19 @@ through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the las
 ``W + e`` is task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up
 tasks).
 
-- ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, every
-  experiment on one axis, as the paper's Figures 1–3: per task the mean and the standard deviation over seeds,
-  then both averaged over windows of ``T // 80`` tasks (the authors' plotting: the band is the window mean of the
-  per-task std, numpy's population std);
-- ``online.png``: the prequential (online) score, the same way;
-- ``hessian_eff_rank.png``: the last layer's Hessian effective rank where it was measured, raw and, as the paper's
-  Figure 4, min–max normalised per seed before averaging;
-- ``matrix_<experiment>.png``: the probe-set accuracy matrix R, averaged over seeds;
-- ``table.md`` / ``table.csv``: per experiment, the final-window (last ``max(T // 80, 5)`` tasks) forward,
-  backward and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and
-  forgetting of R; wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it in
-  ``table.md`` (:mod:`cl_lightning.study.report_tables`): for the windows where the paper's early curve was read
-  (Figure 1), each window's mean ± std over seeds beside the paper's; for the other experiments with at least two
-  complete blocks of ``--block`` evaluated tasks (default 100; 0: none), forward, backward and the Hessian rank per
-  block, mean ± std over seeds of each seed's block mean;
+- ``table.md`` / ``table.csv``: per experiment the final-window (last ``max(T // 80, 5)`` tasks) forward, backward
+  and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and forgetting of R;
+  wall seconds per task; peak memory; the paper's value beside each where it has one
+  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it the
+  paper's windows beside ours (all of them in ``windows.csv``) and, for the other experiments, the scores per
+  ``--block`` of evaluated tasks (:mod:`cl_lightning.study.report_tables`);
 - ``departures.md``: per experiment, every resolved config value its runs change from its paper config
   (:mod:`cl_lightning.study.departures`);
-- ``budget.md`` / ``budget.json`` / ``budget.png``, for a budget study (a suite whose experiments name a
-  ``budget``): live recall at each lag logged apart against the context-memory bytes, and the crossover budgets
-  (:mod:`cl_lightning.study.report_budget`), also added to ``table.md``;
-- ``reuse.md`` / ``reuse.json``, when runs scored returning maps before they are shown again (the data module's
-  ``returns``): forward, before first visit, first visit and return recall at the first and last return
-  (:mod:`cl_lightning.study.report_reuse`), also added to ``table.md``.
-
-The curve figures draw the paper's windows as points beside the lines, the chance score as a dotted line, name the
-backward lag, and say why a panel is empty.
+- ``forward_backward.png``, ``online.png``, ``hessian_eff_rank.png`` and ``matrix_<experiment>.png``: the paper's
+  Figures 1–4 and the probe-set matrix R (:mod:`cl_lightning.study.report_figures`);
+- ``budget.md`` / ``budget.json`` / ``budget.png`` for a budget study (a suite whose experiments name a ``budget``;
+  :mod:`cl_lightning.study.report_budget`) and ``reuse.md`` / ``reuse.json`` when runs scored returning maps or
+  revised keys (:mod:`cl_lightning.study.report_reuse`), each also added to ``table.md``.
 """
 
 from __future__ import annotations
@@ -51,10 +37,8 @@ from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study.report_budget import write_budget
 from cl_lightning.study.report_reuse import write_reuse
-from cl_lightning.study.report_tables import block_table, window_table, write_table, write_window_csv
+from cl_lightning.study.report_tables import block_table, window_table, write_table
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
-
-SCALARS = ("forward", "backward", "online")
 
 
 def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict[str, dict[int, float]]:
@@ -99,14 +83,11 @@ def _record_damage(path: Path) -> str | None:
         header = data[offset : offset + 12]
         if len(header) < 12:
             return f"truncated at byte {offset} of {len(data)}, after {records} records"
-        length = int.from_bytes(header[:8], "little")
-        if int.from_bytes(header[8:], "little") != masked_crc32c(header[:8]):
-            return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
-        end = offset + 12 + length + 4
-        if end > len(data):
+        end = offset + 12 + int.from_bytes(header[:8], "little") + 4
+        framed = int.from_bytes(header[8:], "little") == masked_crc32c(header[:8])  # the length can be trusted
+        if framed and end > len(data):
             return f"truncated at byte {len(data)}, inside record {records + 1}"
-        body, crc = data[offset + 12 : end - 4], data[end - 4 : end]
-        if int.from_bytes(crc, "little") != masked_crc32c(body):
+        if not framed or int.from_bytes(data[end - 4 : end], "little") != masked_crc32c(data[offset + 12 : end - 4]):
             return f"damaged at byte {offset} of {len(data)} (record {records + 1} fails its checksum)"
         offset, records = end, records + 1
     return None
@@ -186,20 +167,20 @@ def published_numbers() -> dict[str, Any]:
 def paper_entry(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
     """The paper's numbers for this experiment: benchmark from the suite (or the stream class), method from the
     suite's ``published`` key (or the experiment's name when it is a method key)."""
-    methods = paper["benchmarks"].get(_benchmark(exp, meta, paper), {}).get("methods", {})
-    return methods.get(exp.published or exp.name, {})
+    return _benchmark(exp, meta, paper).get("methods", {}).get(exp.published or exp.name, {})
 
 
-def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> str | None:
-    """The benchmark key: the suite's, else the one whose stream the experiment ran."""
-    return meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+def _benchmark(exp: Experiment, meta: dict[str, Any], paper: dict[str, Any]) -> dict[str, Any]:
+    """The paper's benchmark: the suite's, else the one whose stream the experiment ran (empty: none)."""
+    key = meta.get("benchmark") or next((k for k, b in paper["benchmarks"].items() if b["stream"] == exp.stream), None)
+    return paper["benchmarks"].get(key, {})
 
 
 def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, PaperWindows]:
     """Per experiment with a paper curve (``published.yaml``'s ``windows``), the paper's windows and chance level."""
     paper, out = published_numbers(), {}
     for exp in experiments:
-        spec = paper["benchmarks"].get(_benchmark(exp, meta, paper), {})
+        spec = _benchmark(exp, meta, paper)
         entry = paper_entry(exp, meta, paper)
         windows = entry.get("windows")
         if windows is not None:
@@ -214,15 +195,16 @@ def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dic
 def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> float | None:
     """The benchmark's chance score (``published.yaml``'s ``chance``; ``None`` for regression or an unknown one)."""
     paper = published_numbers()
-    levels = {paper["benchmarks"].get(_benchmark(e, meta, paper), {}).get("chance") for e in experiments}
+    levels = {_benchmark(e, meta, paper).get("chance") for e in experiments}
     return levels.pop() if len(levels) == 1 else None
 
 
-def paper_text(entry: dict[str, Any] | None, key: str = "end") -> str:
-    """``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper has no such value."""
-    if not entry or key not in entry:
+def paper_text(entry: dict[str, Any] | None) -> str:
+    """The paper's value at the end of its run, ``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper
+    has none."""
+    if not entry or "end" not in entry:
         return ""
-    v = entry[key]
+    v = entry["end"]
     value = f"{v[0]:.3g}–{v[1]:.3g}" if isinstance(v, list) else f"{v:.3g}"
     return f"{value} (Fig. {entry['figure']}, p. {entry['page']})"
 
@@ -244,9 +226,9 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
         unfinished = int((~done).sum())
         row |= {"unfinished": unfinished, "tasks": exp.num_evaluated_tasks, "final_window": final}
-        tags = (metric_key(EvalSlot("forward"), m), metric_key(EvalSlot("backward"), m), online_key(m))
-        for what, tag in zip(SCALARS, tags, strict=True):
-            mean, std, n = final_window(exp.rows(tag), final)
+        scores = {"forward": exp.score("forward"), "backward": exp.score("backward"), "online": exp.rows(online_key(m))}
+        for what, values in scores.items():
+            mean, std, n = final_window(values, final)
             row |= {
                 f"{what}_mean": mean,
                 f"{what}_std": spread_of(std, n),
@@ -268,21 +250,11 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
     return rows
 
 
-def add_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> str:
-    """Fill each row's ``departures`` (from its experiment's paper config), write ``departures.md``; its name."""
-    from cl_lightning.study.departures import departures_text, suite_departures, write_departures
-
-    found = suite_departures(suite_dir, [r["experiment"] for r in rows], meta)
-    for row in rows:
-        row["departures"] = departures_text(found[row["experiment"]])
-    write_departures(found, {r["experiment"]: r["label"] for r in rows}, meta, out)
-    return "departures.md"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning report``."""
     # matplotlib and Lightning (R is drawn by callbacks.forgetting) only when drawing: the sweep imports this module
     # to read trial states, and without them the import takes about 1.6 s instead of 4 s
+    from cl_lightning.study.departures import write_departures
     from cl_lightning.study.report_figures import write_figures
 
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
@@ -310,24 +282,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(opts.out) if opts.out else suite_dir / "report"
     out.mkdir(parents=True, exist_ok=True)
     rows = table_rows(experiments, meta)
-    found = add_departures(rows, suite_dir, meta, out)  # departures.md names experiments by their plain label
+    write_departures(rows, suite_dir, meta, out)  # departures.md names experiments by their plain label
     for row in rows:  # its numbers come from what could be read: marked partial
         if row["experiment"] in damaged:
             row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
-    text = write_table(rows, out)
     paper = paper_points(experiments, meta)
-    text += "".join(
-        "\n" + t for t in (window_table(experiments, paper), block_table(experiments, paper, opts.block)) if t
-    )
+    window = window_table(experiments, paper, out)
     budget = write_budget(suite_dir, experiments, meta, out)
-    text += "\n" + budget if budget else ""
     reuse = write_reuse(experiments, out)
-    text += "\n" + reuse if reuse else ""
+    sections = (window, block_table(experiments, paper, opts.block), budget, reuse)
+    text = write_table(rows, out) + "".join("\n" + t for t in sections if t)
     (out / "table.md").write_text(text)
-    windows = ["windows.csv"] if write_window_csv(experiments, paper, out) else []
+    windows = ["windows.csv"] if window else []
     windows += [f for f in ("budget.md", "budget.json", "budget.png") if budget and (out / f).exists()]
     windows += ["reuse.md", "reuse.json"] if reuse else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
-    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, found, *figures]))
+    print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, "departures.md", *figures]))
     return 0

@@ -1,23 +1,13 @@
 """The budget study's section of the report: live recall at several lags against the context-memory bytes.
 
 A suite whose experiments name a ``budget`` (:mod:`cl_lightning.study.suite`) is a budget study: each experiment is
-one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B. From the event files this writes one
-row per experiment: the stream, the learner, B, the bytes it holds (``memory/budget_bytes`` after the last task,
-:func:`~cl_lightning.memory.accounting.memory_bytes`), the forward score after the last task (the last task's
-queries read from memory), and the live recall at each lag L logged apart (``eval/backward_acc/lag_L``, the data
-module's ``lags``): per seed the mean over the tasks it was logged after (the data module's ``lag_tasks``); each
-mean ± population std over seeds (:func:`seed_mean_std`). A learner with a replay buffer (``memory_size`` in its
-saved config) is a *buffer* learner, any other a *rule*; the **crossover** at lag L is the smallest budget from
-which on the best buffer learner's mean recall is at least the best rule's at every budget both were run at (none
-if the rules stay ahead at the largest; none is drawn for a suite of rules only, such as the goals suites
-``lifelong_goals_*``: one budget, the goal's, for every setting). A suite whose runs log the P1 probe (the data
-module's ``recall_probe_from``: ``eval/written_acc``, ``eval/unseen_acc``, the ``lifelong_rule_*`` suites) gets a
-column for each, per seed the mean over the tasks it was logged after, mean ± std over seeds as the lags, and, when
-its runs log the two references (``RuleReferenceMonitor``: ``reference/*_acc``), a row for each on the unseen keys
-over the same tasks, read from the first experiment that logged them (every run of a seed has the same stream).
-``budget.md`` holds the table and the crossovers, ``budget.json`` the cells (``{"cells": {learner: {B: cell}},
-"crossover": {L: B}}``, and ``"references"`` when logged), ``budget.png`` one panel per lag (when lags are logged):
-recall against the bytes held, a line per learner (buffers dashed) with its ± std band.
+one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B; a learner with a replay buffer
+(``memory_size`` in its saved config) is a *buffer* learner, any other a *rule*. Per experiment, one row
+(:func:`cell`): the bytes it holds, the forward score after the last task, the live recall at each lag logged apart
+(the data module's ``lags``) and, where logged, the P1 probe's written and unseen keys, each mean ± std over seeds
+(:func:`seed_mean_std`); above them the P1 probe's references (:func:`references`), and under them the crossovers
+(:func:`crossover`; none for a suite of rules only). ``budget.md`` / ``budget.json`` / ``budget.png``
+(:func:`write_budget`); what the studies found and how their suites run: ``docs/results/lifelong_icl.md`` §1, §3, §4.
 """
 
 from __future__ import annotations
@@ -32,8 +22,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
-from cl_lightning.study.results import Experiment, last_value
+from cl_lightning.study.report_tables import markdown_table
+from cl_lightning.study.results import Experiment, last_logged, last_value
 
 COLUMNS = ("stream", "learner", "budget B", "bytes held", "forward")
 PROBES = {"written": "written keys", "unseen": "unseen keys (rule)"}  # the P1 probe's slots and their columns
@@ -44,35 +34,13 @@ REFERENCES = {  # the P1 probe's references (callbacks.RuleReferenceMonitor) and
 }
 
 
-def lags_of(experiments: Sequence[Experiment]) -> list[int]:
-    """The lags logged apart by any experiment (``eval/<m>/lag_L`` tags), in order."""
-    found = set()
-    for exp in experiments:
-        for tag in exp.curves:
-            slot = parse_metric_key(tag, exp.metric)
-            if slot is not None and slot.role == "lag":
-                found.add(slot.task)
-    return sorted(found)
-
-
-def probes_of(experiments: Sequence[Experiment]) -> list[str]:
-    """The P1 probe's slots (``written``, ``unseen``) any experiment logged, in :data:`PROBES`' order."""
-    slots = (parse_metric_key(tag, exp.metric) for exp in experiments for tag in exp.curves)
-    logged = {slot.role for slot in slots if slot is not None}
-    return [role for role in PROBES if role in logged]
-
-
-def last_tags_of(experiments: Sequence[Experiment]) -> list[str]:
-    """The tags of :data:`LAST` any experiment logged, in its order."""
-    return [tag for tag in LAST if any(tag in exp.curves for exp in experiments)]
-
-
 def references(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     """Each reference's unseen-key accuracy over the tasks the P1 probe scored (``eval/unseen_<m>`` logged), from
-    the first experiment that logged the references: ``{label: {"stream", "unseen", "unseen_std"}}``."""
+    the first experiment that logged the references (every run of a seed has the same stream):
+    ``{label: {"stream", "unseen", "unseen_std"}}``."""
     for exp in experiments:
         if all(tag in exp.curves for tag in REFERENCES):
-            scored = ~np.isnan(exp.rows(metric_key(EvalSlot("unseen"), exp.metric)))
+            scored = ~np.isnan(exp.score("unseen"))
             out = {}
             for tag, label in REFERENCES.items():
                 mean, std = seed_mean_std(np.where(scored, exp.rows(tag), np.nan))
@@ -93,32 +61,22 @@ def cell(exp: Experiment, lags: Sequence[int], probes: Sequence[str] = (), last:
     """One experiment's numbers: bytes held, forward after the last task, ``mean{L}`` / ``std{L}`` per lag,
     ``{probe}`` / ``{probe}_std`` per P1 probe slot and ``{tag}`` / ``{tag}_std`` per :data:`LAST` tag (each seed's
     value after its last task)."""
-    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
-    out: dict[str, Any] = {"bytes": None if math.isnan(held) else round(held)}
-    forward = last_logged(exp.rows(metric_key(EvalSlot("forward"), exp.metric)))
-    out["forward"], out["forward_std"] = seed_mean_std(forward)
+    out: dict[str, Any] = {"bytes": bytes_held(exp)}
+    out["forward"], out["forward_std"] = seed_mean_std(last_logged(exp.score("forward")))
     out["seeds"] = len(exp.seeds)
     for lag in lags:
-        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.rows(metric_key(EvalSlot("lag", lag), exp.metric)))
+        out[f"mean{lag}"], out[f"std{lag}"] = seed_mean_std(exp.score("lag", lag))
     for probe in probes:
-        out[probe], out[f"{probe}_std"] = seed_mean_std(exp.rows(metric_key(EvalSlot(probe), exp.metric)))
+        out[probe], out[f"{probe}_std"] = seed_mean_std(exp.score(probe))
     for tag in last:
         out[tag], out[f"{tag}_std"] = seed_mean_std(last_logged(exp.rows(tag)))
     return out
 
 
-def last_logged(rows: np.ndarray) -> np.ndarray:
-    """Each seed's last logged value ``(S, 1)`` (NaN: none logged), for :func:`seed_mean_std`.
-
-    >>> last_logged(np.array([[0.5, 0.25, np.nan], [np.nan, np.nan, np.nan]])).tolist()
-    [[0.25], [nan]]
-    """
-    out = np.full((len(rows), 1), np.nan)
-    for i, row in enumerate(rows):
-        seen = row[~np.isnan(row)]
-        if seen.size:
-            out[i, 0] = seen[-1]
-    return out
+def bytes_held(exp: Experiment) -> int | None:
+    """``memory/budget_bytes`` after the last task (``None``: not logged), as the budget and reuse cells hold it."""
+    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
+    return None if math.isnan(held) else round(held)
 
 
 def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
@@ -152,14 +110,17 @@ def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], la
     return found
 
 
-def _fmt(x: float | None, spec: str = ".3f") -> str:
-    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+def _pair(mean: float, std: float) -> str:
+    """``mean ± std`` to three decimals, each ``-`` where NaN (a lag a learner did not log: ``- ± -``)."""
+    return " ± ".join("-" if math.isnan(x) else f"{x:.3f}" for x in (mean, std))
 
 
 def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any]) -> dict[str, Any]:
     """The cells by learner (experiment label) and budget, the buffer learners, the lags and the crossovers."""
-    budgets, lags, probes = meta.get("budgets") or {}, lags_of(experiments), probes_of(experiments)
-    last = last_tags_of(experiments)
+    budgets = meta.get("budgets") or {}
+    lags = sorted({lag for exp in experiments for lag in exp.slots("lag")})
+    probes = [role for role in PROBES if any(exp.slots(role) for exp in experiments)]  # P1 slots, PROBES' order
+    last = [tag for tag in LAST if any(tag in exp.curves for exp in experiments)]
     cells: dict[str, dict[int, dict[str, Any]]] = {}
     streams, buffers = {}, set()
     for exp in experiments:
@@ -190,13 +151,7 @@ def mean_std(mean: float, std: float) -> str:
     >>> mean_std(0.5, 0.25), mean_std(math.nan, math.nan)
     ('0.500 ± 0.250', '-')
     """
-    return "-" if math.isnan(mean) else f"{_fmt(mean)} ± {_fmt(std)}"
-
-
-def markdown_rows(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A Markdown table's lines: two left-aligned text columns (stream, learner), the rest numbers, right-aligned."""
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+    return "-" if math.isnan(mean) else _pair(mean, std)
 
 
 def budget_markdown(study: dict[str, Any]) -> str:
@@ -205,18 +160,18 @@ def budget_markdown(study: dict[str, Any]) -> str:
     rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
         width = len(COLUMNS) + len(lags) + len(probes)
-        unseen = f"{_fmt(ref['unseen'])} ± {_fmt(ref['unseen_std'])}"
-        rows.append([ref["stream"], name, *["-"] * (width - 3), unseen, *["-"] * len(last)])
+        rows.append(
+            [ref["stream"], name, *["-"] * (width - 3), _pair(ref["unseen"], ref["unseen_std"]), *["-"] * len(last)]
+        )
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
-            recall = [f"{_fmt(c[f'mean{lag}'])} ± {_fmt(c[f'std{lag}'])}" for lag in lags]
-            recall += [f"{_fmt(c[p])} ± {_fmt(c[f'{p}_std'])}" for p in (*probes, *last)]
+            recall = [_pair(c[f"mean{lag}"], c[f"std{lag}"]) for lag in lags]
+            recall += [_pair(c[p], c[f"{p}_std"]) for p in (*probes, *last)]
             held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
-            forward = f"{_fmt(c['forward'])} ± {_fmt(c['forward_std'])}"
+            forward = _pair(c["forward"], c["forward_std"])
             rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
-    lines = markdown_rows(
-        [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes), *(LAST[t] for t in last)], rows
-    )
+    head = [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes), *(LAST[t] for t in last)]
+    lines = markdown_table(head, rows, 2)
     if not study["crossover"]:
         return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
@@ -253,8 +208,9 @@ def budget_figure(study: dict[str, Any], path: Path) -> None:
 
 
 def write_budget(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[str, Any], out: Path) -> str:
-    """Write ``budget.md``, ``budget.json`` and ``budget.png`` under ``out`` when the suite is a budget study; the
-    Markdown section for ``table.md`` (empty otherwise)."""
+    """Write ``budget.md``, ``budget.json`` (``{"cells": {learner: {B: cell}}, "buffers", "crossover": {L: B}}``,
+    and ``"references"`` when logged) and ``budget.png`` (when lags are logged) under ``out`` when the suite is a
+    budget study; the Markdown section for ``table.md`` (empty otherwise)."""
     if not meta.get("budgets"):
         return ""
     study = budget_study(suite_dir, experiments, meta)

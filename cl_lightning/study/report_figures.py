@@ -1,7 +1,14 @@
 """The figures of ``python -m cl_lightning report``: every experiment of a suite on one axis, mean ± std over seeds.
 
-The paper's Figures 1–3 (forward and backward score over tasks, windows of ``T // 80`` tasks), the online score,
-its Figure 4 (Hessian effective rank, min–max normalised per seed) and one accuracy-matrix heatmap per experiment.
+- ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, as the
+  paper's Figures 1–3: per task the mean and the std over seeds, both then averaged over windows of ``T // 80``
+  tasks (:func:`~cl_lightning.study.results.seed_band`), the paper's windows as points beside the lines, the chance
+  score as a dotted line; ``online.png``: the prequential (online) score, the same way;
+- ``hessian_eff_rank.png``: the last layer's Hessian effective rank where it was measured, raw and, as the paper's
+  Figure 4, min–max normalised per seed before averaging;
+- ``matrix_<experiment>.png``: the probe-set accuracy matrix R, averaged over seeds.
+
+A panel with no curve says why.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from matplotlib.figure import Figure
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key, parse_metric_key
 from cl_lightning.metrics.figures import accuracy_matrix_figure
-from cl_lightning.study.results import Experiment, PaperWindows, minmax_per_seed, seed_band
+from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, minmax_per_seed, seed_band
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
 Panel = tuple[Callable[[str], str], str]
@@ -33,22 +40,22 @@ CURVES: dict[str, list[Panel]] = {
 """The curve figures: file name and panels."""
 
 
-def _band(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, color: str) -> None:
-    """One experiment's mean line and ± std band (nothing when it never logged the tag)."""
+def _band(
+    ax: Axes, x: np.ndarray, mean: np.ndarray, std: np.ndarray, colour: str, label: str, marker: str | None
+) -> None:
+    """A mean line and its ± std band, as the curves and the rank figure draw them."""
+    ax.plot(x, mean, color=colour, lw=1.4, marker=marker, label=label)
+    ax.fill_between(x, mean - std, mean + std, color=colour, alpha=0.15, lw=0)
+
+
+def _curve(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, colour: str) -> None:
+    """One experiment's mean and ± std over seeds, per ``window`` tasks (nothing when it never logged the tag)."""
     if np.isnan(rows).all():
         return
     x, mean, std = seed_band(rows, window)
     per = f", {window}-task windows" if window > 1 else ""
     seeds = f"{len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}"
-    ax.plot(
-        x,
-        mean,
-        color=color,
-        lw=1.4,
-        marker="." if x.size < 40 else None,
-        label=f"{exp.label} ({seeds}{per})",
-    )
-    ax.fill_between(x, mean - std, mean + std, color=color, alpha=0.15, lw=0)
+    _band(ax, x, mean, std, colour, f"{exp.label} ({seeds}{per})", "." if x.size < 40 else None)
 
 
 MSE_FLOOR = 1e-3
@@ -72,8 +79,8 @@ def _empty_reason(experiments: Sequence[Experiment], role: str | None) -> str:
     """Why a panel has no curve: the backward lag reaches past every run's tasks, or the score was not logged."""
     lags = [e.backward_lag for e in experiments if e.backward_lag is not None]
     first = min((lag if isinstance(lag, int) else min(lag)) for lag in lags) if lags else None
-    if role == "backward" and first is not None and max(e.num_evaluated_tasks for e in experiments) <= first:
-        most = max(e.num_evaluated_tasks for e in experiments)
+    most = max(e.num_evaluated_tasks for e in experiments)
+    if role == "backward" and first is not None and most <= first:
         return f"no backward score yet: {most} evaluated task{'s' * (most > 1)}, and task t − {first} needs more"
     return "not logged by any run"
 
@@ -125,7 +132,7 @@ def curves_figure(
         role = slot.role if slot is not None else None
         roles.append(role)
         for exp in experiments:
-            _band(ax, exp, exp.rows(key(exp.metric)), exp.window, colours[exp.name])
+            _curve(ax, exp, exp.rows(key(exp.metric)), exp.window, colours[exp.name])
         drawn = bool(ax.lines)
         for exp in experiments:
             if exp.name in paper and role is not None:
@@ -154,7 +161,7 @@ def curves_figure(
 def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows] | None = None) -> Figure | None:
     """Hessian effective rank at the tasks where it was measured: raw, and min–max normalised per seed, with the
     paper's normalised curve (``paper``'s ``effective_rank`` score, Figure 4) dashed beside a measured experiment's."""
-    measured = [e for e in experiments if not np.isnan(e.rows("hessian/eff_rank")).all()]
+    measured = [e for e in experiments if not np.isnan(e.rows(HESSIAN_RANK)).all()]
     if not measured:
         return None
     fig = Figure(figsize=(12.4, 4.2), dpi=110)
@@ -162,7 +169,7 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
     raw, norm = fig.subplots(1, 2)
     colours = _colours(experiments)
     for exp in measured:
-        rows = exp.rows("hessian/eff_rank")
+        rows = exp.rows(HESSIAN_RANK)
         keep = ~np.isnan(rows).all(axis=0)  # only the tasks where it was measured
         tasks = np.flatnonzero(keep)
         for ax, values in ((raw, rows[:, keep]), (norm, minmax_per_seed(rows[:, keep]))):
@@ -170,8 +177,7 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
             if not at.size:  # normalised: fewer than two measurements in every seed
                 continue
             x = tasks[at.astype(int)]
-            ax.plot(x, mean, color=colours[exp.name], marker=".", lw=1.4, label=exp.label)
-            ax.fill_between(x, mean - std, mean + std, color=colours[exp.name], alpha=0.15, lw=0)
+            _band(ax, x, mean, std, colours[exp.name], exp.label, ".")
         if exp.name in (paper or {}):
             _paper_windows(norm, exp, paper[exp.name], "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
     if not any(line.get_label() in {e.label for e in measured} for line in norm.lines):
@@ -197,13 +203,11 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
 
 def matrix_figure(exp: Experiment) -> Figure | None:
     """The probe-set matrix R averaged over seeds (cells no seed measured stay blank)."""
-    slots = [parse_metric_key(tag, exp.metric) for tag in exp.curves]
-    probes = sorted(slot.task for slot in slots if slot is not None and slot.role == "matrix")
+    probes = exp.slots("matrix")
     if not probes:
         return None
     # (seeds, rows = probe tasks, cols = probe tasks): R[i, j] logged at the end of probe task i
-    keys = [metric_key(EvalSlot("matrix", j), exp.metric) for j in probes]
-    stacked = np.stack([exp.rows(key)[:, probes] for key in keys], axis=-1)
+    stacked = np.stack([exp.score("matrix", j)[:, probes] for j in probes], axis=-1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # cells no seed measured
         mean = np.nanmean(stacked, axis=0)

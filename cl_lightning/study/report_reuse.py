@@ -1,24 +1,18 @@
-"""The reuse study's section of the report: what a learner does with keys that come back (issue 24, streams that
-reuse keys): a value revised, a map that returns.
+"""The reuse study's section of the report: what a learner does with keys that come back (issue 24): a value
+revised, a map that returns (the streams and what they found: ``docs/results/lifelong_icl.md`` §2).
 
-On a stream whose maps recur every k tasks (``recur_every``), the data module's ``returns`` scores the next task's
-queries before it is shown (``eval/return_{m}/visit_n``, n = the times its map was shown before); on one that
-revises a share of the values every task (``revise``), the data module's ``revisions`` scores the queries of the keys
-revised at this task against their new and their old values (``eval/revised_{m}``, ``eval/stale_{m}``). From the
-event files this writes one row per experiment that logged such scores (``-`` where its stream has none): the
-stream, the learner (its label), the bytes it holds (``memory/budget_bytes`` after the last task), and, each per
-seed then mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
+The data module's ``returns`` (a stream whose maps recur every k tasks) and ``revisions`` (one that revises values)
+log the scores read here. One row per experiment that logged them (``-`` where its stream has none): stream,
+learner (label), bytes held (:func:`~cl_lightning.study.report_budget.bytes_held`) and each score per seed, then
+mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
 
-- **forward**: the current map's queries after its task, from task ``SETTLED`` on (the maps have settled);
-- **revised keys** / **stale answers**: the revised keys' queries answered with the new value / the old one, from
-  task ``SETTLED`` on;
-- **before first visit**: a map not yet shown (visit 0, tasks 1 .. k-1): what nothing kept gives;
-- **first visit**: the forward score of the first k tasks, right after each map's first showing, what the first
-  return is read against;
-- **return recall, first / last**: a returning map before it is shown again at its first return (visit 1, tasks
-  k .. 2k-1) and at its last (the highest visit logged): a rise measures consolidation over repeated exposures.
-
-``reuse.md`` holds the table (:func:`~cl_lightning.study.report_budget.markdown_rows`), ``reuse.json`` the cells.
+- **forward** / **revised keys** / **stale answers**: the current map's queries after its task, the revised keys'
+  queries answered with the new value / the old one (``eval/revised_{m}``, ``eval/stale_{m}``), from task
+  ``SETTLED`` on (the maps have settled);
+- **before first visit**: a map not yet shown (``eval/return_{m}/visit_0``, tasks 1 .. k-1): what nothing kept gives;
+- **first visit**: the forward score of the first k tasks, what the first return is read against;
+- **return recall, first / last**: a returning map before it is shown again, at its first return (visit 1, tasks
+  k .. 2k-1) and its last (the highest visit logged): a rise measures consolidation over repeated exposures.
 """
 
 from __future__ import annotations
@@ -30,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from cl_lightning.contract import EvalSlot, metric_key, parse_metric_key
-from cl_lightning.study.report_budget import markdown_rows, mean_std, seed_mean_std
-from cl_lightning.study.results import Experiment, last_value
+from cl_lightning.study.report_budget import bytes_held, mean_std, seed_mean_std
+from cl_lightning.study.report_tables import markdown_table
+from cl_lightning.study.results import Experiment
 
 SETTLED = 5
 """Forward, revised and stale are read from this task on (the former benchmarks/lifelong_reuse.py's start: the
@@ -40,36 +34,19 @@ maps have settled)."""
 COLUMNS = ("stream", "learner", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
            "first visit", "return recall, first", "last")  # fmt: skip
 SCORES = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")
-REVISION = ("revised", "stale")
-
-
-def is_reuse(exp: Experiment) -> bool:
-    """Whether the experiment logged return or revision scores."""
-    slots = (parse_metric_key(tag, exp.metric) for tag in exp.curves)
-    return any(slot is not None and slot.role in ("return", *REVISION) for slot in slots)
-
-
-def visits_of(exp: Experiment) -> list[int]:
-    """The visit numbers of the return scores the experiment logged, in order."""
-    slots = (parse_metric_key(tag, exp.metric) for tag in exp.curves)
-    return sorted(slot.task for slot in slots if slot is not None and slot.role == "return")
 
 
 def reuse_cell(exp: Experiment) -> dict[str, Any]:
     """One experiment's row: bytes held and each score's mean and std over seeds (``<score>`` / ``<score>_std``;
     NaN where the stream has no such score)."""
-    held, _, _ = last_value(exp.rows("memory/budget_bytes"))
-    forward = exp.rows(metric_key(EvalSlot("forward"), exp.metric))
-    rows = {"forward": forward[:, SETTLED:]}
-    rows |= {role: exp.rows(metric_key(EvalSlot(role), exp.metric))[:, SETTLED:] for role in REVISION}
-    visits = visits_of(exp)
+    rows = {role: exp.score(role)[:, SETTLED:] for role in ("forward", "revised", "stale")}
+    visits = exp.slots("return")
     if visits:
-        before = exp.rows(metric_key(EvalSlot("return", 0), exp.metric))
+        before = exp.score("return", 0)
         recur = int((~np.isnan(before)).sum(axis=1).max()) + 1  # visit 0 is logged before tasks 1 .. k-1
-        rows["before_first"], rows["first_visit"] = before, forward[:, :recur]
-        rows["return_first"] = exp.rows(metric_key(EvalSlot("return", 1), exp.metric))
-        rows["return_last"] = exp.rows(metric_key(EvalSlot("return", visits[-1]), exp.metric))
-    out: dict[str, Any] = {"bytes": None if np.isnan(held) else round(held), "seeds": len(exp.seeds)}
+        rows["before_first"], rows["first_visit"] = before, exp.score("forward")[:, :recur]
+        rows["return_first"], rows["return_last"] = exp.score("return", 1), exp.score("return", visits[-1])
+    out: dict[str, Any] = {"bytes": bytes_held(exp), "seeds": len(exp.seeds)}
     for name in SCORES:
         out[name], out[f"{name}_std"] = seed_mean_std(rows[name]) if name in rows else (np.nan, np.nan)
     return out
@@ -80,7 +57,7 @@ def reuse_study(experiments: Sequence[Experiment]) -> dict[str, dict[str, Any]]:
     return {
         exp.name: {"label": exp.label, "stream": exp.stream or "", **reuse_cell(exp)}
         for exp in experiments
-        if is_reuse(exp)
+        if any(exp.slots(role) for role in ("return", "revised", "stale"))  # logged return or revision scores
     }
 
 
@@ -91,7 +68,7 @@ def reuse_markdown(cells: dict[str, dict[str, Any]]) -> str:
         + [mean_std(c[name], c[f"{name}_std"]) for name in SCORES]
         for c in cells.values()
     ]
-    return "\n".join([*markdown_rows(COLUMNS, rows), ""])
+    return "\n".join([*markdown_table(COLUMNS, rows, 2), ""])
 
 
 def write_reuse(experiments: Sequence[Experiment], out: Path) -> str:

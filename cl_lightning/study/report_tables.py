@@ -1,7 +1,7 @@
 """The Markdown of ``table.md`` (and ``table.csv``), written by ``python -m cl_lightning report``.
 
 The main table (one row per experiment, final-window scores beside the paper's), then the paper's windows beside
-ours (:func:`window_table`; every one in ``windows.csv``, :func:`write_window_csv`) and, for long runs the paper
+ours (:func:`window_table`, every one in ``windows.csv``) and, for long runs the paper
 gives no windows for, the scores per block of evaluated tasks (:func:`block_table`). Each cell is a mean ±
 population std over seeds of each seed's mean (:mod:`cl_lightning.study.results`).
 """
@@ -10,23 +10,14 @@ from __future__ import annotations
 
 import csv
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from cl_lightning.contract import EvalSlot, metric_key
-from cl_lightning.study.results import Experiment, PaperWindows, block_stats, spread_of
-
-HESSIAN_RANK = "hessian/eff_rank"
-"""The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
-default the last layer), as the report's rank figure reads it."""
-
-
-def _decimals(mean: float) -> int:
-    """Three significant digits (MSEs reach 0.001), at least three decimals."""
-    return max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
+from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, block_stats, spread_of
 
 
 def _pm(mean: float, std: float, decimals: int | None = None) -> str:
@@ -34,7 +25,8 @@ def _pm(mean: float, std: float, decimals: int | None = None) -> str:
     mean's last digit; the mean alone when the std is NaN (one seed), ``—`` when the mean is."""
     if math.isnan(mean):
         return "—"
-    decimals = _decimals(mean) if decimals is None else decimals
+    if decimals is None:  # three significant digits, at least three decimals
+        decimals = max(3, 2 - math.floor(math.log10(abs(mean)))) if mean else 3
     return f"{mean:.{decimals}f}" if math.isnan(std) else f"{mean:.{decimals}f} ± {std:.{decimals}f}"
 
 
@@ -49,17 +41,25 @@ def _of(n: int, seeds: int) -> str:
     return f" ({n} of {seeds} seeds)" if 0 < n < seeds else ""
 
 
+COLUMNS = ("learner", "seeds", "tasks", "forward", "paper", "backward", "paper", "online", "ACC", "BWT", "FWT",
+           "forgetting", "s/task", "paper s/task", "peak GiB", "departures from the paper config")  # fmt: skip
+"""The main table's columns (``table.md``; ``table.csv`` holds the numbers behind them)."""
+
+
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], numbers_from: int | None = None) -> list[str]:
+    """A Markdown table's lines, every table of the report's: the head, its rule (the columns from ``numbers_from``
+    on right-aligned: numbers), a line per row."""
+    rule = "".join("---:|" if numbers_from is not None and i >= numbers_from else "---|" for i in range(len(head)))
+    return ["| " + " | ".join(head) + " |", "|" + rule, *("| " + " | ".join(row) + " |" for row in rows)]
+
+
 def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     """Write ``table.csv``; return the Markdown of ``table.md`` (``main`` writes it once, with the window tables)."""
     with open(out / "table.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    head = (
-        "| learner | seeds | tasks | forward | paper | backward | paper | online | ACC | BWT | FWT | forgetting "
-        "| s/task | paper s/task | peak GiB | departures from the paper config |"
-    )
-    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    table = []
     for r in rows:
         seeds = f"{r['seeds']} ({r['unfinished']} unfinished)" if r["unfinished"] else str(r["seeds"])
         cells = [r["label"], seeds, str(r["tasks"])]
@@ -68,8 +68,7 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
         cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
         cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
-        cells += [r.get("departures", "not compared")]
-        lines.append("| " + " | ".join(cells) + " |")
+        table.append([*cells, r.get("departures", "not compared")])
     metric = rows[0]["metric"]
     notes = (
         f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
@@ -80,17 +79,13 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         "at its full length: they compare with a run of the same length only. Departures: resolved config values "
         "the runs change from their experiment's paper config (`departures.md`).\n"
     )
-    return "\n".join(lines) + "\n" + notes
+    return "\n".join(markdown_table(COLUMNS, table)) + "\n" + notes
 
 
 def _markdown(cells: dict[tuple[str, str], dict[int, str]], columns: dict[int, str]) -> list[str]:
     """A ``learner | score | <columns>`` table of ``{(label, score): {column: cell}}``, ``—`` where one is missing."""
-    lines = ["| learner | score | " + " | ".join(columns.values()) + " |", "|" + "---|" * (len(columns) + 2)]
-    lines += [
-        f"| {label} | {score} | " + " | ".join(c.get(k, "—") for k in columns) + " |"
-        for (label, score), c in cells.items()
-    ]
-    return lines
+    rows = [[label, score, *(c.get(k, "—") for k in columns)] for (label, score), c in cells.items()]
+    return markdown_table(["learner", "score", *columns.values()], rows)
 
 
 SHOWN_EVERY = 5
@@ -123,20 +118,21 @@ def shown_windows(windows: Sequence[int]) -> list[int]:
     return sorted({ws[0], ws[-1], *(w for w in ws if w % SHOWN_EVERY == 0)})
 
 
-def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> str:
+def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], out: Path | None = None) -> str:
     """Markdown: per experiment with paper windows, its mean ± std over each window the paper was read at (over the
     seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one. Of
     many windows (the paper's 75 on Permuted MNIST) every fifth and the first and last are shown
-    (:func:`shown_windows`; :func:`write_window_csv` writes them all)."""
+    (:func:`shown_windows`). With ``out``, every window goes to ``windows.csv`` there: one row per experiment, score
+    and window reached (ours: mean, std, seeds; the paper's: low and high, equal unless it was read as a range)."""
     stats = window_stats(experiments, paper)
     if not stats:
         return ""
+    size = next(iter(paper.values())).window
     reached: dict[tuple[str, str], dict[int, str]] = {}
     for key, cells in stats.items():
         for w, (st, value, seeds) in cells.items():
             paper_value = f"{value[0]:.2f}–{value[1]:.2f}" if isinstance(value, list) else f"{value:.3g}"
             reached.setdefault(key, {})[w] = f"{_spread(st, 3)} / {paper_value}{_of(st[2], seeds)}"
-    size = next(iter(paper.values())).window
     every = sorted({w for c in reached.values() for w in c})
     shown = shown_windows(every)
     columns = {w: f"window {w} ({w * size}–{(w + 1) * size - 1})" for w in shown}
@@ -147,25 +143,17 @@ def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindow
     )
     if len(shown) < len(every):
         note += f" Every {SHOWN_EVERY}th window of the {len(every)} reached, and the last: all are in `windows.csv`."
+    if out is not None:
+        fields = ["learner", "score", "window", "first_task", "last_task", "mean", "std", "seeds", "paper_low"]
+        with open(out / "windows.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([*fields, "paper_high"])
+            for (label, score), cells in stats.items():
+                for w, ((mean, std, n), value, _) in sorted(cells.items()):
+                    low, high = value if isinstance(value, list) else (value, value)
+                    row = [label, score, w, w * size, (w + 1) * size - 1, mean, spread_of(std, n), n, low, high]
+                    writer.writerow(row)
     return "\n".join(_markdown(reached, columns)) + "\n" + note + "\n"
-
-
-def write_window_csv(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], out: Path) -> bool:
-    """Write ``windows.csv``: one row per experiment, score and window reached (ours: mean, std, seeds; the
-    paper's: low and high, equal unless it was read as a range); nothing when no run reached a window."""
-    stats = window_stats(experiments, paper)
-    if not stats:
-        return False
-    size = next(iter(paper.values())).window
-    fields = ["learner", "score", "window", "first_task", "last_task", "mean", "std", "seeds", "paper_low"]
-    with open(out / "windows.csv", "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow([*fields, "paper_high"])
-        for (label, score), cells in stats.items():
-            for w, ((mean, std, n), value, _) in sorted(cells.items()):
-                low, high = value if isinstance(value, list) else (value, value)
-                writer.writerow([label, score, w, w * size, (w + 1) * size - 1, mean, spread_of(std, n), n, low, high])
-    return True
 
 
 def _block_rows(exp: Experiment, block: int) -> dict[str, dict[int, tuple[float, float, int]]]:

@@ -16,7 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from cl_lightning.contract import EvalSlot, SlotRole, metric_key, parse_metric_key
 from cl_lightning.metrics import window_means
+
+HESSIAN_RANK = "hessian/eff_rank"
+"""The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
+default the last layer), as the report's rank figure and block table read it."""
 
 
 @dataclass
@@ -39,6 +44,15 @@ class Experiment:
         """``(seeds, tasks)`` array of a tag (NaN rows for seeds that never logged it)."""
         empty = np.full(self.num_evaluated_tasks, np.nan)
         return np.stack([c if c is not None else empty for c in self.curves.get(tag, [None] * len(self.seeds))])
+
+    def score(self, role: SlotRole, task: int = -1) -> np.ndarray:
+        """:meth:`rows` of the score of an evaluation slot (its :func:`~cl_lightning.contract.metric_key`)."""
+        return self.rows(metric_key(EvalSlot(role, task), self.metric))
+
+    def slots(self, role: SlotRole) -> list[int]:
+        """The tasks of the ``role`` slots this experiment logged (probe tasks, lags, visits), in order."""
+        found = (parse_metric_key(tag, self.metric) for tag in self.curves)
+        return sorted(slot.task for slot in found if slot is not None and slot.role == role)
 
     def add(self, seed: int, curves: dict[str, np.ndarray], record: dict[str, Any]) -> None:
         """Add one seed's curves (tags missing from earlier seeds or from this one are NaN-padded)."""
@@ -142,16 +156,27 @@ def spread_of(std: float, seeds: int) -> float:
     return std if seeds > 1 else math.nan
 
 
-def last_value(rows: np.ndarray) -> tuple[float, float, int]:
-    """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
-    finals = []
-    for row in rows:
+def last_logged(rows: np.ndarray) -> np.ndarray:
+    """Each seed's last logged value ``(S, 1)`` (NaN: none logged).
+
+    >>> last_logged(np.array([[0.5, 0.25, np.nan], [np.nan, np.nan, np.nan]])).tolist()
+    [[0.25], [nan]]
+    """
+    out = np.full((len(rows), 1), np.nan)
+    for i, row in enumerate(rows):
         seen = row[~np.isnan(row)]
         if seen.size:
-            finals.append(seen[-1])
-    if not finals:
+            out[i, 0] = seen[-1]
+    return out
+
+
+def last_value(rows: np.ndarray) -> tuple[float, float, int]:
+    """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
+    finals = last_logged(rows)[:, 0]
+    finals = finals[~np.isnan(finals)]
+    if not finals.size:
         return math.nan, math.nan, 0
-    return float(np.mean(finals)), float(np.std(finals)), len(finals)
+    return float(np.mean(finals)), float(np.std(finals)), int(finals.size)
 
 
 def minmax_per_seed(rows: np.ndarray) -> np.ndarray:

@@ -30,6 +30,7 @@ a resumed trial writes into the same folder.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,11 @@ from cl_lightning.errors import UsageError, did_you_mean, key_lines, load_yaml
 
 SUITE_KEYS = ("name", "seeds", "benchmark", "args", "experiments")
 EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget")
+
+
+def config_args(files: Sequence[str]) -> list[str]:
+    """``--config F`` for each of ``files``."""
+    return [a for f in files for a in ("--config", str(f))]
 
 
 @dataclass(frozen=True)
@@ -64,9 +70,7 @@ class Trial:
 
     def fit_args(self, root: str | Path, ckpt_path: str | Path | None = None) -> list[str]:
         """The arguments after ``python -m cl_lightning``: configs, then seeds and logger, then the trial's own."""
-        args = ["fit"]
-        for config in self.configs:
-            args += ["--config", config]
+        args = ["fit", *config_args(self.configs)]
         s = str(self.seed)
         args += ["--seed_everything", s, "--data.stream.init_args.seed", s, "--model.init_args.seed", s]
         args += [

@@ -2,11 +2,9 @@
 :mod:`cl_lightning.study.suite`).
 
 Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
-into ``<root>/<suite>/<experiment>/seed_<s>/``. A trial is finished when its ``fit`` exited 0 and its events
-reached the last task; ``trial.json`` then says so, and a re-run skips it. An unfinished or ``stopped`` trial (its
-fit got SIGTERM / SIGINT, which a signal to the sweep passes on; on Ray through a ``stop.request`` file in the trial
-folder) resumes from ``checkpoints/last.ckpt``. Two sweeps
-never run one trial at once (``trial.lock``, :mod:`cl_lightning.run.runfolder`).
+into ``<root>/<suite>/<experiment>/seed_<s>/``; a re-run skips the finished trials and resumes the others
+(:mod:`cl_lightning.study.trial_run`). A SIGTERM / SIGINT to the sweep stops the running fits
+(:mod:`cl_lightning.study.childproc`) and starts no further trial.
 
 Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
 ``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
@@ -16,7 +14,6 @@ folder must then be on a file system every node sees). Without Ray they run one 
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import signal
 import sys
@@ -47,14 +44,14 @@ def _describe(record: dict[str, Any]) -> str:
     )
 
 
-def run_sequential(trials: Sequence[Trial], root: str, threads: int | None = None) -> list[dict[str, Any]]:
+def run_sequential(trials: Sequence[Trial], root: str) -> list[dict[str, Any]]:
     """Run the trials one after another on this machine."""
     records = []
     for i, trial in enumerate(trials):
         if received() is not None:
             break
         print(f"[{i + 1}/{len(trials)}] {trial.name}/seed_{trial.seed} ({trial_state(trial, root)})", flush=True)
-        records.append(run_trial(trial, root, threads))
+        records.append(run_trial(trial, root))
         print("    " + _describe(records[-1]), flush=True)
     return records
 
@@ -64,13 +61,11 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
     import ray  # optional dependency
 
     catching = childproc.catching()
-    package_root = str(Path(__file__).resolve().parents[2])  # so workers import this package, installed or not
-    path = os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)
     ray.init(
         address=address,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": path}},
+        runtime_env={"env_vars": {"PYTHONPATH": childproc.package_pythonpath()}},
     )
     if catching:
         childproc.catch_signals()  # ray.init replaced the SIGTERM handler of passing_signals

@@ -48,15 +48,15 @@ def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
 def trial_state(trial: Trial, root: str | Path) -> str:
     """``finished``, ``resume`` (a checkpoint to continue from) or ``new``."""
     log_dir = trial.log_dir(root)
-    if _finished(log_dir):
+    if _record(log_dir).get("status") == FINISHED:
         return FINISHED
     return "resume" if _resume_point(log_dir) is not None else "new"
 
 
-def _finished(log_dir: Path) -> bool:
-    """The trial's record says it finished."""
-    record = log_dir / "trial.json"
-    return record.exists() and json.loads(record.read_text()).get("status") == FINISHED
+def _record(log_dir: Path) -> dict[str, Any]:
+    """The trial's record (``trial.json``; empty before its first attempt)."""
+    path = log_dir / "trial.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def _resume_point(log_dir: Path) -> Path | None:
@@ -80,8 +80,9 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
     log_dir = trial.log_dir(root)
-    if _finished(log_dir):
-        return json.loads((log_dir / "trial.json").read_text()) | {"skipped": True}
+    record = _record(log_dir)
+    if record.get("status") == FINISHED:
+        return record | {"skipped": True}
     try:
         hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
     except RunInUse as busy:
@@ -106,8 +107,7 @@ def request_stop(trial: Trial, root: str | Path) -> None:
 def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> dict[str, Any]:
     """Run the trial's fit once (or skip it, finished meanwhile) and record the attempt in ``trial.json``."""
     log_dir = trial.log_dir(root)
-    record_path = log_dir / "trial.json"
-    record: dict[str, Any] = json.loads(record_path.read_text()) if record_path.exists() else {}
+    record = _record(log_dir)
     if record.get("status") == FINISHED:  # finished by another sweep while this one waited for the lock
         return record | {"skipped": True}
     ckpt = _resume_point(log_dir)  # once: with several last*.ckpt it opens each
@@ -148,7 +148,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
         "num_tasks": wanted,
         "attempts": [*record.get("attempts", []), attempt],
     }
-    record_path.write_text(json.dumps(record, indent=1))
+    (log_dir / "trial.json").write_text(json.dumps(record, indent=1))
     return record
 
 
