@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from cl_lightning.errors import guarded
-from cl_lightning.run.cli import CLI, ConciseArgumentParser, ContinualLearner, StreamDataModule
+from cl_lightning.run.cli import CLI
 
 
 def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
@@ -44,15 +44,7 @@ def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[st
         # jsonargparse's, raised by Lightning's own calls (and `skip_none`, kept to dump as Lightning's run does)
         for message in ("not recommended to provide both args", "add_instantiator", "skip_none parameter"):
             warnings.filterwarnings("ignore", message=f".*{message}.*")
-        cli = ConfigOnly(
-            ContinualLearner,
-            StreamDataModule,
-            subclass_mode_model=True,
-            auto_configure_optimizers=False,
-            parser_class=ConciseArgumentParser,
-            args=argv,
-            run=False,
-        )
+        cli = ConfigOnly(args=argv, run=False)
         return yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
 
 
