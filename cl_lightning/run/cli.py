@@ -50,7 +50,7 @@ from cl_lightning.run.checkpointing import (
 from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
-from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code, stop_message
+from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code
 from cl_lightning.run.summary import run_summary
 
 DESCRIPTION = (
@@ -95,7 +95,11 @@ class CLI(CompatCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the data module's shapes into the learner (they are never typed in a config)."""
+        """Link the data module's shapes into the learner (they are never typed in a config); add
+        ``--accept_changed_hparams``, config composition (:mod:`cl_lightning.run.compose`: ``include``, read before
+        parsing, hidden and never dumped; the named callback slots ``callbacks.<name>``) and the Trainer setting the
+        code requires (``trainer.reload_dataloaders_every_n_epochs: 1``, one task per epoch: the data module checks
+        it)."""
         for name in ("input_shape", "num_outputs", "task_type"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_argument(
@@ -104,14 +108,6 @@ class CLI(CompatCLI):
             default=False,
             help="Resume from a checkpoint whose learner or data settings differ from the config (the config's win).",
         )
-        self.add_composition_arguments(parser)
-
-    def add_composition_arguments(self, parser: LightningArgumentParser) -> None:
-        """Config composition (:mod:`cl_lightning.run.compose`) and the Trainer settings the code requires.
-
-        ``include`` (read before parsing; hidden, never dumped), the named callback slots ``callbacks.<name>`` and
-        ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
-        """
         parser.add_argument(f"--{INCLUDE_KEY}", type=list[str] | str | None, default=None, help=argparse.SUPPRESS)
         for name, callback in CALLBACK_SLOTS.items():
             key = f"callbacks.{name}"
@@ -223,13 +219,14 @@ class CLI(CompatCLI):
                 snapshot.undo()
             if isinstance(error, (StopRequested, SIGTERMException)):
                 signum = stop.signal_of(error)
-                sys.stderr.write(stop_message(self.trainer, signum, self.command_line, undone) + "\n")
+                line = stopping.stop_message(self.trainer, stopping.stopped_by(signum), self.command_line, undone)
+                sys.stderr.write(line + "\n")
                 raise SystemExit(exit_code(signum)) from None
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
                 cause = file_system_message(error)
-                raise UsageError(stopping.halt_message(self.trainer, cause, self.command_line, undone)) from error
+                raise UsageError(stopping.stop_message(self.trainer, cause, self.command_line, undone)) from error
             raise
 
     def validate(self, **kwargs: Any) -> None:
@@ -241,10 +238,18 @@ class CLI(CompatCLI):
         self.evaluate(self.trainer.test, **kwargs)
 
     def evaluate(self, run: Callable[..., Any], **kwargs: Any) -> None:
-        """Print Lightning's start-up lines (held while the run was built), then ``run`` the evaluation:
-        SIGTERM / SIGINT stop it at its next batch (exit 143 / 130)."""
+        """Print Lightning's start-up lines (held while the run was built), then ``run`` the evaluation with
+        :attr:`stop` among its callbacks: a SIGTERM / SIGINT stops it at its next batch with one line and exit
+        ``128 + signal`` (its scores would be incomplete)."""
         self.start_lines.let_through()
-        stopping.evaluate_stoppable(self.trainer, run, self.stop, **kwargs)
+        self.trainer.callbacks.append(self.stop)
+        try:
+            run(**kwargs)
+        except (StopRequested, SIGTERMException) as error:
+            signum = self.stop.signal_of(error)
+            incomplete = "its scores are incomplete; run the same command again"
+            sys.stderr.write(f"{run.__name__} {stopping.stopped_by(signum)} before its last batch: {incomplete}\n")
+            raise SystemExit(exit_code(signum)) from None
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""
