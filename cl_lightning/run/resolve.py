@@ -1,9 +1,7 @@
 """``python -m cl_lightning.run.resolve --config C1 --config C2 … ARGS`` prints, as JSON, the config that ``fit`` with
-the same arguments resolves to (with ``-`` instead: a JSON list of such argument lists on standard input, a JSON list
-of configs out) (includes expanded, defaults filled, ``max_epochs`` from the stream): what that run's
-saved ``config.yaml`` holds, less the ``fit`` arguments. Nothing is built, seeded or written. ``report`` runs it in a
-child process to compare a suite's trials with their paper configs (:mod:`cl_lightning.study.departures`), so reading
-results never imports the training command line.
+the same arguments resolves to (:func:`resolved_config`); given ``-`` instead, a JSON list of such argument lists on
+standard input, a JSON list of configs. ``report`` runs it in a child process to compare a suite's trials with their
+paper configs (:mod:`cl_lightning.study.departures`), so reading results never imports the training command line.
 """
 
 from __future__ import annotations
