@@ -50,7 +50,7 @@ from cl_lightning.run.checkpointing import (
 from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
-from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code
+from cl_lightning.run.stopping import GracefulStop, StopRequested
 from cl_lightning.run.summary import run_summary
 
 DESCRIPTION = (
@@ -218,10 +218,7 @@ class CLI(CompatCLI):
             if undone:
                 snapshot.undo()
             if isinstance(error, (StopRequested, SIGTERMException)):
-                signum = stop.signal_of(error)
-                line = stopping.stop_message(self.trainer, stopping.stopped_by(signum), self.command_line, undone)
-                sys.stderr.write(line + "\n")
-                raise SystemExit(exit_code(signum)) from None
+                stop.exit(error, lambda cause: stopping.stop_message(self.trainer, cause, self.command_line, undone))
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
@@ -246,10 +243,8 @@ class CLI(CompatCLI):
         try:
             run(**kwargs)
         except (StopRequested, SIGTERMException) as error:
-            signum = self.stop.signal_of(error)
             incomplete = "its scores are incomplete; run the same command again"
-            sys.stderr.write(f"{run.__name__} {stopping.stopped_by(signum)} before its last batch: {incomplete}\n")
-            raise SystemExit(exit_code(signum)) from None
+            self.stop.exit(error, lambda cause: f"{run.__name__} {cause} before its last batch: {incomplete}")
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""

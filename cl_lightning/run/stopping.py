@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import shlex
 import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
@@ -36,11 +38,6 @@ class StopRequested(Exception):  # noqa: N818 - a request, not an error
     def __init__(self, signum: int) -> None:
         super().__init__(stopped_by(signum))
         self.signum = signum
-
-
-def exit_code(signum: int) -> int:
-    """The shell's exit status of a process ended by ``signum``: 128 + its number (143 SIGTERM, 130 SIGINT)."""
-    return 128 + int(signum)
 
 
 class GracefulStop(Callback):
@@ -78,9 +75,13 @@ class GracefulStop(Callback):
         if self.signum is None:
             self.signum = signum
 
-    def signal_of(self, error: BaseException) -> int:
-        """The signal that stopped the run: the first one recorded, else the error's (SIGTERM for Lightning's own)."""
-        return self.signum or getattr(error, "signum", signal.SIGTERM)
+    def exit(self, error: BaseException, line: Callable[[str], str]) -> NoReturn:
+        """End the command stopped by ``error``: one line on stderr, ``line`` of :func:`stopped_by` the signal (the
+        first one recorded, else the error's: SIGTERM for Lightning's own), and the shell's exit status of a process
+        ended by that signal, 128 + its number (143 SIGTERM, 130 SIGINT)."""
+        signum = self.signum or getattr(error, "signum", signal.SIGTERM)
+        sys.stderr.write(line(stopped_by(signum)) + "\n")
+        raise SystemExit(128 + int(signum)) from None
 
     def stop_if_asked(self, *hook_args: Any, **hook_kwargs: Any) -> None:
         """Raise :class:`StopRequested` once a signal was recorded: before the next training step, evaluation batch
