@@ -1,19 +1,13 @@
 """Checkpoints a run can trust: atomic writes, finding a config's newest run, and checking a checkpoint fits a config.
 
-- :class:`AtomicCheckpointIO` writes each checkpoint to a temporary file in the same folder, flushes it to disk and
-  renames it over the target, so a process killed at any moment leaves either the old checkpoint or the new one,
-  never a truncated file.
-- :func:`find_resume` (with :func:`newest_run`, :func:`last_checkpoint` and :func:`run_folder`) maps
-  ``--ckpt_path`` and a config's logger folder (``<save_dir>/<name>/version_N/checkpoints/``) to the run and
-  checkpoint it continues; :func:`check_resume` refuses a checkpoint that does not fit the config (another learner
-  class or weights of other shapes never; other hyperparameters unless accepted).
-- :func:`read_checkpoint` opens a checkpoint cheaply (memory-mapped) and turns a truncated or foreign file into one
-  clear :class:`CheckpointError`; :func:`hparam_differences` lists what a checkpoint's learner was built with that
-  the config now asks otherwise; :class:`DataRecord` keeps the data config in checkpoints to compare it too;
-  :class:`ConfigOptimizerValues` applies an accepted change of learning rate after the optimiser state is restored.
+- :class:`AtomicCheckpointIO` (temporary file, fsync, rename): a process killed at any moment leaves either the old
+  checkpoint or the new one, never a truncated file.
 - What ``--ckpt_path`` does to the run, applied by the CLI (a resume continues the *same* run, in its folder):
-  :func:`open_run` before anything is built (a ``fit`` locks the run and logs into its ``version_N``; an evaluation
-  logs beside it, :func:`evaluation_folder`), :func:`check_resumed` once the learner and the Trainer are.
+  :func:`open_run` before anything is built (:func:`find_resume`: the run and checkpoint it continues; a ``fit``
+  locks that run; an evaluation logs beside it, :func:`evaluation_folder`), :func:`check_resumed` once the learner
+  and the Trainer are (:func:`check_resume`: a checkpoint that does not fit the config is refused).
+
+docs/architecture.md ("The life of one run") lists the rest.
 """
 
 from __future__ import annotations
@@ -114,10 +108,15 @@ def version_of(run: Path) -> int | str:
     return int(match.group(1)) if match else run.name
 
 
-def experiment_dir(config: Any) -> Path | None:
-    """``<save_dir>/<name>`` of a parsed config's logger (TensorBoard or CSV), the parent of its runs."""
+def logger_arguments(config: Any) -> Any:
+    """The ``init_args`` of a parsed config's logger (TensorBoard or CSV), ``None`` without one."""
     logger = config.trainer.get("logger")
-    init = logger.get("init_args") if hasattr(logger, "get") else None
+    return logger.get("init_args") if hasattr(logger, "get") else None
+
+
+def experiment_dir(config: Any) -> Path | None:
+    """``<save_dir>/<name>`` of a parsed config's logger, the parent of its runs."""
+    init = logger_arguments(config)
     if init is None or init.get("save_dir") is None:
         return None
     return Path(init.save_dir) / (init.get("name") or "lightning_logs")
@@ -125,24 +124,19 @@ def experiment_dir(config: Any) -> Path | None:
 
 def configured_run(config: Any, experiment: Path) -> Path | None:
     """The run folder a parsed config's logger names with an explicit ``version`` (``seed_0``, ``3``), if it exists."""
-    version = config.trainer.logger.init_args.get("version")
+    version = logger_arguments(config).get("version")
     if version is None:
         return None
-    folder = experiment / (f"version_{version}" if isinstance(version, int) else str(version))
+    folder = experiment / str_version(version)
     return folder if folder.is_dir() else None
 
 
-def newest_run(experiment: Path) -> Path | None:
-    """The ``version_N`` folder with the highest ``N`` under a logger's ``<save_dir>/<name>``, if any."""
+def newest_run(experiment: Path, checkpointed: bool = False) -> Path | None:
+    """The ``version_N`` folder with the highest ``N`` under a logger's ``<save_dir>/<name>`` (``checkpointed``: of
+    those that hold a checkpoint), if any."""
     runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
-    return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
-
-
-def newest_checkpointed_run(experiment: Path) -> Path | None:
-    """The ``version_N`` folder with the highest ``N`` that holds a checkpoint, if any."""
-    runs = [p for p in experiment.glob("version_*") if p.is_dir() and _VERSION.fullmatch(p.name)]
-    runs = [p for p in runs if last_checkpoint(p) is not None]
-    return max(runs, key=lambda p: int(p.name.removeprefix("version_"))) if runs else None
+    runs = [p for p in runs if not checkpointed or last_checkpoint(p) is not None]
+    return max(runs, key=version_of) if runs else None
 
 
 def last_checkpoint(run: Path) -> Path | None:
@@ -152,19 +146,25 @@ def last_checkpoint(run: Path) -> Path | None:
     folder = run / "checkpoints"
     lasts = sorted(p for p in folder.glob("last*.ckpt") if p.is_file())
     if len(lasts) > 1:
-        return max(lasts, key=_tasks_done)
+        return max(lasts, key=lambda p: tasks_done(p) or 0)  # a damaged file loses to any readable one
     if lasts:
         return lasts[0]
     found = [p for p in folder.glob("*.ckpt") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def _tasks_done(path: Path) -> int:
-    """The epoch a checkpoint was written at (-1 where it cannot be read)."""
+def tasks_done(path: Path) -> int | None:
+    """The tasks a checkpoint holds finished (its epoch + 1); ``None`` where it cannot be read."""
     try:
-        return int(torch.load(path, map_location="cpu", mmap=True, weights_only=True).get("epoch", -1))
-    except Exception:  # a damaged file loses to any readable one
-        return -1
+        return int(read_checkpoint(path)["epoch"]) + 1
+    except (KeyError, TypeError, ValueError):  # ValueError: CheckpointError too
+        return None
+
+
+def kept_checkpoint(trainer: Trainer) -> str:
+    """The checkpoint a run kept last (its ``last.ckpt``, else its best), ``""`` if none."""
+    callback = trainer.checkpoint_callback
+    return getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:
@@ -209,7 +209,7 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
         if run is None:
             raise CheckpointError(f"--ckpt_path last: no run under {experiment}/ to resume; start one without it")
         path = last_checkpoint(run)
-        older = newest_checkpointed_run(experiment) if path is None else None
+        older = newest_run(experiment, checkpointed=True) if path is None else None
         if path is None and (older is not None or subcommand != "fit"):
             # a folder without a checkpoint (a fit killed before its first task ended, or an evaluation run of an
             # older version) never hides a run that has one: say which, rather than start anything over
@@ -253,7 +253,8 @@ def keyword_defaults(cls: type) -> dict[str, Any]:
             continue
         for parameter in parameters:
             if parameter.default is not inspect.Parameter.empty:
-                out.setdefault(parameter.name, parameter.default)
+                default = parameter.default  # a tuple as a list, as :func:`_flatten` writes it
+                out.setdefault(parameter.name, list(default) if isinstance(default, tuple) else default)
     return out
 
 
@@ -276,21 +277,16 @@ def hparam_differences(
     if a.get("_class_path") != b.get("_class_path"):  # another learner: its options are beside the point
         old, new = (str(d.get("_class_path", "?")).rpartition(".")[2] for d in (a, b))
         return [f"the checkpoint is a {old}, the config asks for a {new}"]
-    missing = object()
+    missing, defaults = object(), defaults or {}
     out = []
     for key in sorted(a.keys() | b.keys(), key=lambda k: (k != "_class_path", k)):
         old, new = a.get(key, missing), b.get(key, missing)
-        if old is missing and key in (defaults or {}) and _same(new, (defaults or {})[key]):
+        if old is missing and key in defaults and new == defaults[key]:
             continue
         if old != new:
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out
-
-
-def _same(value: Any, default: Any) -> bool:
-    """``value`` equals ``default`` (tuples as lists, as :func:`_flatten` writes them)."""
-    return value == (list(default) if isinstance(default, tuple) else default)
 
 
 def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | None:
@@ -380,7 +376,7 @@ def open_run(config: Any, subcommand: str) -> Resume | None:
     """The run and checkpoint ``--ckpt_path`` continues (``None``: none given); a ``fit`` locks that run's folder
     (:func:`~cl_lightning.run.runfolder.hold`) and logs into it, its ``version_N`` set in ``config``'s logger."""
     resume = find_resume(config, subcommand)
-    if subcommand in EVALUATIONS:
+    if subcommand in ("validate", "test"):
         evaluation_folder(config, subcommand, resume)
     if resume is not None and resume.run is not None and subcommand == "fit":
         hold(resume.run)  # before anything is written into it
@@ -388,9 +384,6 @@ def open_run(config: Any, subcommand: str) -> Resume | None:
         # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
         warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")
     return resume
-
-
-EVALUATIONS = ("validate", "test")
 
 
 def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> None:
@@ -406,11 +399,10 @@ def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> No
             f"{subcommand}: no --ckpt_path, so this evaluates the config's untrained learner (its initial weights); "
             f"--ckpt_path last evaluates the newest fit of this config\n"
         )
-    logger = config.trainer.get("logger")
-    init = logger.get("init_args") if hasattr(logger, "get") else None
-    experiment = experiment_dir(config) if init is not None else None
+    experiment = experiment_dir(config)
     if experiment is None:
         return
+    init = logger_arguments(config)
     run = resume.run if resume is not None else None
     version = init.get("version")
     if run is None and version is not None and not (experiment / str_version(version)).is_dir():

@@ -4,26 +4,11 @@ A LightningCLI in subclass mode: the learner is any :class:`ContinualLearner` ch
 benchmark is injected into the one :class:`StreamDataModule` by ``class_path``, data shapes are linked from the
 data module to the learner, and ``trainer.max_epochs`` is filled in from the stream's number of tasks.
 
-What the CLI adds to every run, so a run can be trusted:
-
-- **errors**: a mistake in the config or on the command line is one line (``error: …``), exit code 2, no
-  traceback (``--debug`` or ``CL_LIGHTNING_DEBUG=1`` shows it), and nothing is written under ``logs/``: the
-  config, the checkpoint and the data are checked before the Trainer creates the run folder, and an attempt that
-  fails before its first step is undone (:class:`~cl_lightning.run.runfolder.Snapshot`);
-- **stopping**: SIGTERM or SIGINT stops the run between two steps (:mod:`cl_lightning.run.stopping`): no partial
-  checkpoint, one line saying where it stopped and how to resume, exit code 143 / 130 (``validate`` / ``test``:
-  at the next batch, the same codes); a run whose last task was complete when the signal came exits 0;
-- **one writer**: a run folder is locked while a ``fit`` writes it (:mod:`cl_lightning.run.runfolder`); a second
-  ``fit`` or resume of the same run is refused in one line;
-- **divergence**: :class:`~cl_lightning.callbacks.divergence.DivergenceStop` stops a run whose loss or weights
-  turn NaN/inf (exit code 1), before that task's evaluation and checkpoint;
-- **resume**: ``--ckpt_path`` continues the *same* run (its ``version_N`` folder, TensorBoard curves purged of
-  the steps after the checkpoint); ``--ckpt_path last`` finds the newest run of the config; a checkpoint built
-  with another learner or other hyperparameters is refused, listing the differences
-  (``--accept_changed_hparams true`` resumes anyway, with the config's values);
-- **crash safety**: checkpoints are written by :class:`~cl_lightning.run.checkpointing.AtomicCheckpointIO`
-  (temporary file, fsync, rename), so ``kill -9`` at any moment leaves a checkpoint to resume from;
-- **quiet output**: no deprecation warnings or advertisements; a summary of the run is the last thing printed.
+What it adds to every run, so that a run can be trusted (a mistake is one ``error:`` line and writes nothing,
+SIGTERM / SIGINT stop between two steps, one writer per run folder, a diverged run stops, ``--ckpt_path``
+continues the same run and refuses a checkpoint that does not fit, checkpoints are written atomically, no library
+noise, a closing summary), is described for users in the README ("Resume, stop, and when something goes wrong")
+and for contributors in docs/architecture.md ("The life of one run"), which names the module of each.
 """
 
 from __future__ import annotations
@@ -32,8 +17,9 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, NoReturn
+from typing import Any, ClassVar
 
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
@@ -48,7 +34,7 @@ from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
 from cl_lightning.data.datamodule import StreamDataModule
-from cl_lightning.errors import DEBUG_HINT, UsageError, debug_requested
+from cl_lightning.errors import USAGE_EXIT, UsageError, debug_requested, fail
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
@@ -64,7 +50,7 @@ from cl_lightning.run.checkpointing import (
 from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
-from cl_lightning.run.stopping import GracefulStop, StopRequested, exit_code, stop_message
+from cl_lightning.run.stopping import GracefulStop, StopRequested
 from cl_lightning.run.summary import run_summary
 
 DESCRIPTION = (
@@ -94,8 +80,26 @@ class CLI(CompatCLI):
     stop: ClassVar[GracefulStop] = GracefulStop()  # installed by main() for the whole command
     start_lines: ClassVar[HeldLines]  # Lightning's start-up lines, held by main() until the run starts
 
+    def __init__(self, args: ArgsType = None, run: bool = True, **kwargs: Any) -> None:
+        """Any :class:`ContinualLearner` by ``class_path`` on the one :class:`StreamDataModule`, parsed by the
+        :class:`ConciseArgumentParser` (``kwargs``: LightningCLI's other arguments)."""
+        super().__init__(
+            ContinualLearner,
+            StreamDataModule,
+            subclass_mode_model=True,
+            auto_configure_optimizers=False,
+            parser_class=ConciseArgumentParser,
+            args=args,
+            run=run,
+            **kwargs,
+        )
+
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the data module's shapes into the learner (they are never typed in a config)."""
+        """Link the data module's shapes into the learner (they are never typed in a config); add
+        ``--accept_changed_hparams``, config composition (:mod:`cl_lightning.run.compose`: ``include``, read before
+        parsing, hidden and never dumped; the named callback slots ``callbacks.<name>``) and the Trainer setting the
+        code requires (``trainer.reload_dataloaders_every_n_epochs: 1``, one task per epoch: the data module checks
+        it)."""
         for name in ("input_shape", "num_outputs", "task_type"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_argument(
@@ -104,14 +108,6 @@ class CLI(CompatCLI):
             default=False,
             help="Resume from a checkpoint whose learner or data settings differ from the config (the config's win).",
         )
-        self.add_composition_arguments(parser)
-
-    def add_composition_arguments(self, parser: LightningArgumentParser) -> None:
-        """Config composition (:mod:`cl_lightning.run.compose`) and the Trainer settings the code requires.
-
-        ``include`` (read before parsing; hidden, never dumped), the named callback slots ``callbacks.<name>`` and
-        ``trainer.reload_dataloaders_every_n_epochs: 1`` (one task per epoch: the data module checks it).
-        """
         parser.add_argument(f"--{INCLUDE_KEY}", type=list[str] | str | None, default=None, help=argparse.SUPPRESS)
         for name, callback in CALLBACK_SLOTS.items():
             key = f"callbacks.{name}"
@@ -130,18 +126,6 @@ class CLI(CompatCLI):
             self.config = parser.parse_args(expanded)
             return
         super().parse_arguments(parser, expanded)
-
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
-        """The Trainer, given the named callbacks (slots set to null are off) before ``trainer.callbacks``;
-        ``--trainer.enable_checkpointing=false`` turns the ``checkpoint`` slot off, as it would in LightningCLI."""
-        slots = self.section(self.config_init, "callbacks") or {}
-        trainer = self.section(self.config_init, "trainer", default={})
-        off = {"checkpoint"} if trainer.get("enable_checkpointing") is False else set()
-        named = [slots[n] for n in CALLBACK_SLOTS if slots.get(n) is not None and n not in off]
-        if named:
-            listed = trainer.get("callbacks") or []
-            kwargs.setdefault("callbacks", [*named, *(listed if isinstance(listed, list) else [listed])])
-        return super().instantiate_trainer(**kwargs)
 
     def resolve_ckpt_path(self) -> None:
         """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.checkpointing.open_run`);
@@ -182,8 +166,15 @@ class CLI(CompatCLI):
             check_resumed(self.resume, self.model, self.trainer, data, accept)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        """Add the task progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
-        configured = list(config.get("callbacks") or []) + list(callbacks)
+        """The Trainer, given the named callbacks (slots set to null are off; ``--trainer.enable_checkpointing=false``
+        turns the ``checkpoint`` slot off, as it would in LightningCLI) before ``trainer.callbacks``, and the task
+        progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
+        slots = self.section(self.config_init, "callbacks") or {}
+        off = {"checkpoint"} if config.get("enable_checkpointing") is False else set()
+        named = [slots[n] for n in CALLBACK_SLOTS if slots.get(n) is not None and n not in off]
+        listed = config.get("callbacks") or []
+        config["callbacks"] = [*named, *(listed if isinstance(listed, list) else [listed])]
+        configured = config["callbacks"] + list(callbacks)
         if config.get("enable_progress_bar") is not False and not any(isinstance(c, ProgressBar) for c in configured):
             callbacks = [*callbacks, TaskProgressBar()]
         if not any(isinstance(c, DivergenceStop) for c in configured):
@@ -208,14 +199,6 @@ class CLI(CompatCLI):
         self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
         self._started = time.monotonic()
 
-    def before_validate(self) -> None:
-        """Print Lightning's start-up lines (held while the run was built)."""
-        self.start_lines.let_through()
-
-    def before_test(self) -> None:
-        """Print Lightning's start-up lines (held while the run was built)."""
-        self.start_lines.let_through()
-
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
         """``Trainer.fit`` holding the run folder's lock; stops cleanly on SIGTERM / SIGINT; an attempt that fails
         or is stopped before its first step is undone (a new folder removed, a resumed one as it was)."""
@@ -235,23 +218,33 @@ class CLI(CompatCLI):
             if undone:
                 snapshot.undo()
             if isinstance(error, (StopRequested, SIGTERMException)):
-                signum = stop.signal_of(error)
-                sys.stderr.write(stop_message(self.trainer, signum, self.command_line, undone) + "\n")
-                raise SystemExit(exit_code(signum)) from None
+                stop.exit(error, lambda cause: stopping.stop_message(self.trainer, cause, self.command_line, undone))
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
                 cause = file_system_message(error)
-                raise UsageError(stopping.halt_message(self.trainer, cause, self.command_line, undone)) from error
+                raise UsageError(stopping.stop_message(self.trainer, cause, self.command_line, undone)) from error
             raise
 
     def validate(self, **kwargs: Any) -> None:
-        """``Trainer.validate``; SIGTERM / SIGINT stop it at its next batch (exit 143 / 130)."""
-        stopping.evaluate_stoppable(self.trainer, self.trainer.validate, self.stop, **kwargs)
+        """``Trainer.validate`` (:meth:`evaluate`)."""
+        self.evaluate(self.trainer.validate, **kwargs)
 
     def test(self, **kwargs: Any) -> None:
-        """``Trainer.test``; SIGTERM / SIGINT stop it at its next batch (exit 143 / 130)."""
-        stopping.evaluate_stoppable(self.trainer, self.trainer.test, self.stop, **kwargs)
+        """``Trainer.test`` (:meth:`evaluate`)."""
+        self.evaluate(self.trainer.test, **kwargs)
+
+    def evaluate(self, run: Callable[..., Any], **kwargs: Any) -> None:
+        """Print Lightning's start-up lines (held while the run was built), then ``run`` the evaluation with
+        :attr:`stop` among its callbacks: a SIGTERM / SIGINT stops it at its next batch with one line and exit
+        ``128 + signal`` (its scores would be incomplete)."""
+        self.start_lines.let_through()
+        self.trainer.callbacks.append(self.stop)
+        try:
+            run(**kwargs)
+        except (StopRequested, SIGTERMException) as error:
+            incomplete = "its scores are incomplete; run the same command again"
+            self.stop.exit(error, lambda cause: f"{run.__name__} {cause} before its last batch: {incomplete}")
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""
@@ -283,12 +276,7 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     fix_mmap_threshold()  # large tensors' pages go back to the OS when they die (cl_lightning.heap)
     try:
         cli = CLI(
-            ContinualLearner,
-            StreamDataModule,
-            subclass_mode_model=True,
-            auto_configure_optimizers=False,
             save_config_kwargs={"overwrite": True},
-            parser_class=ConciseArgumentParser,
             parser_kwargs={
                 "description": DESCRIPTION,
                 "prog": "python -m cl_lightning",
@@ -297,18 +285,13 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
             args=args,
             run=run,
         )
-    except DivergenceError as error:
+    except (DivergenceError, ValueError, ImportError, OSError) as error:
         if debug:
             raise
-        _fail(error, code=1)
-    except (ValueError, FileNotFoundError, NotADirectoryError, ImportError) as error:
-        if debug:
-            raise
-        _fail(error, code=2)
-    except OSError as error:  # a read-only or unwritable folder, a full disk: no traceback either
-        if debug:
-            raise
-        _fail(UsageError(file_system_message(error)), code=2)
+        if isinstance(error, OSError) and not isinstance(error, FileNotFoundError | NotADirectoryError):
+            error = UsageError(file_system_message(error))  # a read-only or unwritable folder, a full disk
+        diverged = isinstance(error, DivergenceError)
+        fail(describe(error), code=1 if diverged else USAGE_EXIT, hint=not diverged)
     finally:
         CLI.start_lines.close()
         if run:
@@ -317,9 +300,3 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     if run and cli.subcommand == "fit":
         CLI.stop.finished()
     return cli
-
-
-def _fail(error: BaseException, code: int) -> NoReturn:
-    hint = "" if isinstance(error, DivergenceError) else f" ({DEBUG_HINT})"
-    sys.stderr.write(f"error: {describe(error)}{hint}\n")
-    raise SystemExit(code)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from jsonargparse import ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from cl_lightning import data, learners
 from cl_lightning.errors import UsageError, did_you_mean, key_lines
 from cl_lightning.run.cli_help import HelpFormatter, package_first
 
@@ -47,16 +48,9 @@ def _options(class_path: str) -> list[str]:
 
 def _choices(key: str) -> list[str]:
     """Short class names a ``class_path`` option accepts: learners for ``model``, streams for ``data.stream``."""
-    if key == "model":
-        import cl_lightning.learners as package
-
-        base = package.ContinualLearner
-    elif key.endswith("stream"):
-        import cl_lightning.data as package
-
-        base = package.TaskStream
-    else:
+    if key != "model" and not key.endswith("stream"):
         return []
+    package, base = (learners, learners.ContinualLearner) if key == "model" else (data, data.TaskStream)
     found = [getattr(package, name) for name in package.__all__]
     concrete = [c for c in found if inspect.isclass(c) and issubclass(c, base) and not inspect.isabstract(c)]
     return [c.__name__ for c in concrete]

@@ -1,24 +1,14 @@
 """SIGTERM / SIGINT outside a ``fit``'s steps: while ``python -m cl_lightning fit`` starts, and after the run finished.
 
-:class:`~cl_lightning.run.stopping.GracefulStop` handles the signals from the moment the CLI's ``main`` installs it
-until that ``main`` returns. Around it the process would die by the signal: before, and once ``main`` has put back the
-handlers it replaced, Python's defaults apply (SIGINT: a ``KeyboardInterrupt`` traceback; SIGTERM: death), and while
-the interpreter shuts down Python itself resets every handler it set to the default, so even a handler left
-installed cannot save a process that receives a signal during its exit. The entry point (:mod:`cl_lightning.__main__`)
-therefore calls :func:`watch` before it imports the CLI (seconds of torch and Lightning), and from then until the
-process is gone a signal has a defined outcome:
-
-- **starting** (imports): the signal is recorded; :class:`~cl_lightning.run.stopping.GracefulStop` takes it over
-  (:func:`take`) and the run stops before its first step, as for a signal during config parsing: exit 128 + signal;
-- **finished** (``main`` returned from a ``fit`` that ran to its end: :func:`finished`): the run's files are
-  complete, so nothing was lost and the exit code stays 0, which is what the run is (a sweep records the trial
-  finished; 143 / 130 would have it resumed). One line on stderr says so, for the first signal (or for one the
-  ``fit`` received after its last step and did not act on); later ones change nothing;
-- **interpreter exit** (the last ``atexit`` callback): both signals are ignored (``SIG_IGN`` is the one setting
-  Python's shutdown keeps), so the exit code is the command's, whatever arrives.
-
-After a ``fit`` that ended with an exit code of its own (a stop, an error) a signal is recorded and changes nothing.
-Nothing here imports torch or Lightning.
+:class:`~cl_lightning.run.stopping.GracefulStop` handles the signals while the CLI's ``main`` runs. Around it the
+process would die by the signal (Python's defaults apply before and after, and while the interpreter shuts down
+Python resets every handler it set), so the entry point (:mod:`cl_lightning.__main__`) calls :func:`watch` before it
+imports the CLI. From then until the process is gone a signal has a defined outcome: while starting it is recorded
+and ``GracefulStop`` takes it over (:func:`take`: the run stops before its first step, exit 128 + signal); after a
+``fit`` that ran to its end (:func:`finished`) it gets one line (:func:`finished_message`) and the exit code stays 0,
+so a sweep records the trial finished; after a ``fit`` that ended with an exit code of its own (a stop, an error) it
+is recorded and changes nothing; in the last ``atexit`` callback both signals are ignored (``SIG_IGN`` is the one
+setting Python's shutdown keeps). Nothing here imports torch or Lightning.
 """
 
 from __future__ import annotations

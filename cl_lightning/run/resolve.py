@@ -1,9 +1,7 @@
 """``python -m cl_lightning.run.resolve --config C1 --config C2 … ARGS`` prints, as JSON, the config that ``fit`` with
-the same arguments resolves to (with ``-`` instead: a JSON list of such argument lists on standard input, a JSON list
-of configs out) (includes expanded, defaults filled, ``max_epochs`` from the stream): what that run's
-saved ``config.yaml`` holds, less the ``fit`` arguments. Nothing is built, seeded or written. ``report`` runs it in a
-child process to compare a suite's trials with their paper configs (:mod:`cl_lightning.study.departures`), so reading
-results never imports the training command line.
+the same arguments resolves to (:func:`resolved_config`); given ``-`` instead, a JSON list of such argument lists on
+standard input, a JSON list of configs. ``report`` runs it in a child process to compare a suite's trials with their
+paper configs (:mod:`cl_lightning.study.departures`), so reading results never imports the training command line.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from typing import Any
 import yaml
 
 from cl_lightning.errors import guarded
-from cl_lightning.run.cli import CLI, ConciseArgumentParser, ContinualLearner, StreamDataModule
+from cl_lightning.run.cli import CLI
 
 
 def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
@@ -44,15 +42,7 @@ def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[st
         # jsonargparse's, raised by Lightning's own calls (and `skip_none`, kept to dump as Lightning's run does)
         for message in ("not recommended to provide both args", "add_instantiator", "skip_none parameter"):
             warnings.filterwarnings("ignore", message=f".*{message}.*")
-        cli = ConfigOnly(
-            ContinualLearner,
-            StreamDataModule,
-            subclass_mode_model=True,
-            auto_configure_optimizers=False,
-            parser_class=ConciseArgumentParser,
-            args=argv,
-            run=False,
-        )
+        cli = ConfigOnly(args=argv, run=False)
         return yaml.safe_load(cli.parser.dump(cli.config, skip_none=False))
 
 

@@ -17,29 +17,27 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 
-from cl_lightning.lightning_compat import SIGTERMException, tasks_closed
+from cl_lightning.lightning_compat import tasks_closed
 from cl_lightning.run import process_signals
-from cl_lightning.run.checkpointing import CheckpointError, read_checkpoint
+from cl_lightning.run.checkpointing import kept_checkpoint, tasks_done
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+def stopped_by(signum: int) -> str:
+    """How a message names a stop by ``signum``: ``stopped by SIGTERM``."""
+    return f"stopped by {signal.Signals(signum).name}"
 
 
 class StopRequested(Exception):  # noqa: N818 - a request, not an error
     """Raised between steps after SIGTERM or SIGINT; ``signum`` is the signal."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        super().__init__(stopped_by(signum))
         self.signum = signum
-
-
-def exit_code(signum: int) -> int:
-    """The shell's exit status of a process ended by ``signum``: 128 + its number (143 SIGTERM, 130 SIGINT)."""
-    return 128 + int(signum)
 
 
 class GracefulStop(Callback):
@@ -56,7 +54,7 @@ class GracefulStop(Callback):
     def install(self) -> None:
         """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`, taking over a signal the process
         received while it started (:func:`cl_lightning.run.process_signals.take`)."""
-        for signum in SIGNALS:
+        for signum in process_signals.SIGNALS:
             self._previous[signum] = signal.signal(signum, self._handle)
         early = process_signals.take()
         if early is not None:
@@ -77,33 +75,21 @@ class GracefulStop(Callback):
         if self.signum is None:
             self.signum = signum
 
-    def signal_of(self, error: BaseException) -> int:
-        """The signal that stopped the run: the first one recorded, else the error's (SIGTERM for Lightning's own)."""
-        return self.signum or getattr(error, "signum", signal.SIGTERM)
+    def exit(self, error: BaseException, line: Callable[[str], str]) -> NoReturn:
+        """End the command stopped by ``error``: one line on stderr, ``line`` of :func:`stopped_by` the signal (the
+        first one recorded, else the error's: SIGTERM for Lightning's own), and the shell's exit status of a process
+        ended by that signal, 128 + its number (143 SIGTERM, 130 SIGINT)."""
+        signum = self.signum or getattr(error, "signum", signal.SIGTERM)
+        sys.stderr.write(line(stopped_by(signum)) + "\n")
+        raise SystemExit(128 + int(signum)) from None
 
-    def _stop_if_asked(self) -> None:
+    def stop_if_asked(self, *hook_args: Any, **hook_kwargs: Any) -> None:
+        """Raise :class:`StopRequested` once a signal was recorded: before the next training step, evaluation batch
+        (a task's checkpoint, written after its evaluation, is not), batch of ``test``, or task."""
         if self.signum is not None:
             raise StopRequested(self.signum)
 
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        """Stop before the next training step."""
-        self._stop_if_asked()
-
-    def on_validation_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        """Stop before the next evaluation batch (the task's checkpoint, written after its evaluation, is not)."""
-        self._stop_if_asked()
-
-    def on_test_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        """Stop before the next batch of ``test``."""
-        self._stop_if_asked()
-
-    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """Stop before a new task starts."""
-        self._stop_if_asked()
+    on_train_batch_start = on_validation_batch_start = on_test_batch_start = on_train_epoch_start = stop_if_asked
 
 
 def resume_command(command_line: list[str]) -> str:
@@ -119,52 +105,22 @@ def resume_command(command_line: list[str]) -> str:
     return f"python -m cl_lightning {shlex.join([*args, '--ckpt_path', 'last'])}"
 
 
-def _tasks_in(path: str) -> int | None:
-    try:
-        return int(read_checkpoint(Path(path))["epoch"]) + 1
-    except (CheckpointError, KeyError, TypeError, ValueError):
-        return None
-
-
-def stop_message(trainer: Trainer, signum: int, command_line: list[str], undone: bool) -> str:
-    """One line: the signal, the task the run stopped in, what it left behind, and the command that resumes it."""
-    return halt_message(trainer, f"stopped by {signal.Signals(signum).name}", command_line, undone)
-
-
-def halt_message(trainer: Trainer, cause: str, command_line: list[str], undone: bool) -> str:
-    """One line for a run that ended before its last task (``cause``: ``stopped by SIGTERM``, a file system error):
-    the task it stopped in, what it left behind, and the command that resumes it."""
+def stop_message(trainer: Trainer, cause: str, command_line: list[str], undone: bool) -> str:
+    """One line for a run that ended before its last task (``cause``: :func:`stopped_by`, a file system error): the
+    task it stopped in, what it left behind, and the command that resumes it."""
     where = f"{cause} at task {trainer.current_epoch + 1} of {trainer.max_epochs}"
     if undone:
         args = shlex.join(command_line)
         return f"{where}, before its first step: nothing was written; start it again with python -m cl_lightning {args}"
-    callback = trainer.checkpoint_callback
-    ckpt = getattr(callback, "last_model_path", "") or getattr(callback, "best_model_path", "")
+    ckpt = kept_checkpoint(trainer)
     if ckpt:
-        done = _tasks_in(ckpt)
+        done = tasks_done(Path(ckpt))
         kept = f"{ckpt} holds {done} finished task{'s' * (done != 1)}" if done is not None else f"kept {ckpt}"
-    elif callback is not None and trainer.logger is not None:
+    elif trainer.checkpoint_callback is not None and trainer.logger is not None:
         kept = "no checkpoint yet (the resume starts the run over in its folder)"
     else:
         return f"{where}; this config keeps no checkpoint, so the run cannot be resumed"
     return f"{where}; {kept}, no partial checkpoint; resume with {resume_command(command_line)}"
-
-
-def evaluate_stoppable(trainer: Trainer, run: Callable[..., Any], stop: GracefulStop, **kwargs: Any) -> None:
-    """Run ``trainer.validate`` / ``trainer.test`` (``run``) with ``stop`` among its callbacks: a SIGTERM / SIGINT
-    stops it at its next batch with one line and exit ``128 + signal`` (its scores would be incomplete)."""
-    trainer.callbacks.append(stop)
-    command = run.__name__
-    try:
-        run(**kwargs)
-    except (StopRequested, SIGTERMException) as error:
-        signum = stop.signal_of(error)
-        name = signal.Signals(signum).name
-        line = (
-            f"{command} stopped by {name} before its last batch: its scores are incomplete; run the same command again"
-        )
-        sys.stderr.write(line + "\n")
-        raise SystemExit(exit_code(signum)) from None
 
 
 def all_tasks_done(trainer: Trainer) -> bool:

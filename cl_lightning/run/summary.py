@@ -11,6 +11,7 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 
 from cl_lightning.contract import EvalSlot, metric_key
+from cl_lightning.run.checkpointing import kept_checkpoint
 
 
 def run_summary(trainer: Trainer, seconds: float, recent: dict[str, tuple[float, int]] | None = None) -> str:
@@ -27,9 +28,7 @@ def run_summary(trainer: Trainer, seconds: float, recent: dict[str, tuple[float,
     minutes, secs = divmod(round(seconds), 60)
     line = f"\nRun {status}: {done}/{total} tasks in {minutes} min {secs} s.\n"
     scores = _scores(trainer, recent or {})
-    ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
-        trainer.checkpoint_callback, "best_model_path", ""
-    )
+    ckpt = kept_checkpoint(trainer)
     where = []
     if trainer.logger is not None and trainer.log_dir:
         where.append(f"Logs: {trainer.log_dir} (tensorboard --logdir {Path(trainer.log_dir).parent.parent})")
