@@ -186,7 +186,8 @@ class CLI(CompatCLI):
         return super().build_trainer(config, callbacks)
 
     def before_fit(self) -> None:
-        """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs and data on disk."""
+        """Check what would otherwise fail inside ``fit`` after the run folder exists: epochs, data on disk and the
+        optimiser's arguments (built once and dropped)."""
         data = self.datamodule
         if isinstance(data, StreamDataModule):
             try:
@@ -194,6 +195,7 @@ class CLI(CompatCLI):
             except ValueError as error:
                 raise UsageError(str(error)) from None
         data.prepare_data()
+        self.model.configure_optimizers()  # a bad optimiser argument fails here, before Lightning's start-up lines
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
         self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
