@@ -132,12 +132,13 @@ def test_lifelong_icl(tmp_path: Path) -> None:
     assert card["AssociativeRecall"]["knn_unbounded"]["evicted"] == 0
     assert card["AssociativeRecall"]["delta_rule"]["state_bytes"] == 128 * 10 * 4
     assert all(row["recurrent"] > 0 and min(row["chunked"].values()) > 0 for row in result["ops"].values())
-    assert [len(result[part]) for part in ("ops", "encoder")] == [9, 6]
-    assert "ablation" not in result  # the levers and the capacity sweep are suites (lifelong_levers_recall.yaml, ...)
+    assert len(result["ops"]) == 9
+    assert "ablation" not in result  # the levers, the capacity sweep and the encoder study are suites
+    assert "encoder" not in result
+    assert 0 <= card["PermutedMNIST"]["delta_rule"]["key_coherence"] <= 1
     tables = (tmp_path / "tables.md").read_text()
-    for head in ("| stream | learner |", "| op |", "| Permuted MNIST, delta rule |"):
+    for head in ("| stream | learner |", "| op |"):
         assert head in tables
-    assert "| Permuted MNIST, delta rule |" in tables
     assert len(list(tmp_path.glob("*.png"))) == 4  # one per property
 
 
