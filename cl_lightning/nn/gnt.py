@@ -28,11 +28,10 @@ All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_c
 ``mean_act_i``, ``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float),
 ``replaced_i`` (a running count)). Randomness comes from the generator passed to :meth:`step`.
 
-No host synchronisation per step: how many units a layer replaces depends only on how many are eligible, and that
-only on past replacement counts (every unit ages by one per step; a replaced unit restarts at 0). So the counts are
-kept on the host (:class:`HostCounts`, rebuilt from ``age_i`` and ``to_replace_i`` on
-load) and the replaced units are the first ``count`` of the eligible units sorted by utility, with no device read.
-This equals the reference whenever the utilities are finite (a NaN utility sorts last among the eligible units here).
+No host synchronisation per step: how many units a layer replaces depends only on past replacement counts, so the
+counts are kept on the host (:class:`HostCounts`, rebuilt from the buffers on load) and the replaced units are the
+first ``count`` eligible ones by utility, with no device read (as the reference while utilities are finite; a NaN
+utility sorts last here).
 """
 
 from __future__ import annotations
