@@ -53,8 +53,7 @@ def chunk_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Delta rule, chunked WY/UT form: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_delta_rule`, the reference: arguments, shapes and returns as there;
-    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_delta_rule` (arguments, shapes, numbers); ``chunk_size`` C tokens a chunk, any T.
 
     Example:
         >>> import torch

@@ -49,8 +49,7 @@ def chunk_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Linear (Hebbian) attention, chunked form: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there;
-    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_linear_attn` (arguments, shapes, numbers); ``chunk_size`` C tokens a chunk, any T.
 
     Example:
         >>> import torch
