@@ -7,12 +7,8 @@ write strength beta_t:
     S_t = S_{t-1} + beta_t * k_t v_t^T        (S in R^{K x V})
     o_t = S_t^T q_t                           (prequential: o_t = S_{t-1}^T q_t)
 
-Chunked form (chunk of C rows Q, K, V; V already scaled by beta):
-
-    O_c = Q S + Tril(Q K^T) V                 (StrictTril when prequential)
-    S  <- S + K^T V
-
-It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 0, and runs that rule's code.
+It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 0, and runs that rule's code and
+chunked form.
 """
 
 from torch import Tensor

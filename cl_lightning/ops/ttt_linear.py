@@ -35,17 +35,9 @@ def layer_norm(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def ln_l2_grad(z: Tensor, target: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Gradient of 1/2 ||LN(z) - target||^2 with respect to z, in closed form (TTT's ``ln_fused_l2_bwd``).
-
-    Args:
-        z: Pre-norm activations, shape (..., D).
-        target: Regression targets, shape (..., D).
-        weight: LayerNorm weight, broadcastable to (..., D).
-        bias: LayerNorm bias, broadcastable to (..., D).
-
-    Returns:
-        dl/dz of shape (..., D) = (D g - sum(g) - x_hat sum(g x_hat)) / (D sigma), g = (LN(z) - target) * weight.
-    """
+    """dl/dz of l = 1/2 ||LN(z) - target||^2 in closed form (TTT's ``ln_fused_l2_bwd``): z, target ``(..., D)``, LN
+    weight and bias broadcastable to them -> (D g - sum(g) - x_hat sum(g x_hat)) / (D sigma), g = (LN(z) - target) *
+    weight, ``(..., D)``."""
     dim = z.shape[-1]
     mean = z.mean(dim=-1, keepdim=True)
     std = (z.var(dim=-1, unbiased=False, keepdim=True) + LN_EPS).sqrt()
