@@ -150,31 +150,28 @@ class PairScorer(nn.Module):
         Autocast is off: on CUDA the arithmetic is in :attr:`eval_dtype` explicitly.
         """
         with torch.autocast(query_x.device.type, enabled=False):
-            return self._score_blocked(query_x, support_x, support_y)
-
-    def _score_blocked(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None) -> Tensor:
-        device, out_dtype = query_x.device, query_x.dtype
-        dtype = self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else out_dtype
-        a = self.support_part(support_x, support_y).to(dtype)  # (S, H)
-        b = self.query_part(query_x).to(dtype)  # (Q, H)
-        n_q, n_s, width = b.shape[0], a.shape[0], a.shape[1]
-        scores = torch.empty(n_q, n_s, device=device, dtype=dtype)
-        if n_q == 0 or n_s == 0:
+            device, out_dtype = query_x.device, query_x.dtype
+            dtype = self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else out_dtype
+            a = self.support_part(support_x, support_y).to(dtype)  # (S, H)
+            b = self.query_part(query_x).to(dtype)  # (Q, H)
+            n_q, n_s, width = b.shape[0], a.shape[0], a.shape[1]
+            scores = torch.empty(n_q, n_s, device=device, dtype=dtype)
+            if n_q == 0 or n_s == 0:
+                return scores.to(out_dtype)
+            block = self.block_pairs or tuned_block_pairs(width, len(self.hidden), device, dtype)
+            step = max(1, min(n_q, block // n_s))
+            h_all, g_all = self._buffers_for(step * n_s, width, device, dtype)
+            layers = [(m.weight.to(dtype).T, m.bias.to(dtype)) for m in self.hidden]
+            w_out, b_out = self.out.weight.to(dtype).T, self.out.bias.to(dtype)  # (H, 1), (1,)
+            for lo in range(0, n_q, step):
+                q = min(step, n_q - lo)
+                h, g = h_all[: q * n_s], g_all[: q * n_s]
+                torch.add(b[lo : lo + q, None, :], a[None], out=h.view(q, n_s, width)).relu_()  # first layer
+                for w, bias in layers:
+                    torch.addmm(bias, h, w, out=g).relu_()
+                    h, g = g, h
+                torch.addmm(b_out, h, w_out, out=scores[lo : lo + q].view(q * n_s, 1))
             return scores.to(out_dtype)
-        block = self.block_pairs or tuned_block_pairs(width, len(self.hidden), device, dtype)
-        step = max(1, min(n_q, block // n_s))
-        h_all, g_all = self._buffers_for(step * n_s, width, device, dtype)
-        layers = [(m.weight.to(dtype).T, m.bias.to(dtype)) for m in self.hidden]
-        w_out, b_out = self.out.weight.to(dtype).T, self.out.bias.to(dtype)  # (H, 1), (1,)
-        for lo in range(0, n_q, step):
-            q = min(step, n_q - lo)
-            h, g = h_all[: q * n_s], g_all[: q * n_s]
-            torch.add(b[lo : lo + q, None, :], a[None], out=h.view(q, n_s, width)).relu_()  # first layer
-            for w, bias in layers:
-                torch.addmm(bias, h, w, out=g).relu_()
-                h, g = g, h
-            torch.addmm(b_out, h, w_out, out=scores[lo : lo + q].view(q * n_s, 1))
-        return scores.to(out_dtype)
 
     def _buffers_for(self, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Two ``(rows, width)`` buffers, reused while they are large enough and of the right device and dtype."""
