@@ -1,15 +1,9 @@
 """An opt-in ``torch.compile`` of one function: compiled at its first call, never pickled.
 
 A module's ``compile`` switch wraps the function its training step runs (query-only attention: the forward and the
-loss, and so the backward) in :class:`LazyCompile`. The function is compiled at its first call, not when the module
-is built: a module built only to evaluate, or to load a checkpoint, pays no compilation. The wrapped function is a
-bound method, so the parameters and checkpoints stay the module's own (no ``_orig_mod`` keys), and the compiled
-function is left out of pickles and deep copies (inductor's functions do not pickle) and compiled again at the next
-call.
-
-What it costs (query-only attention, on the CPU): a compiled V1 step costs 0.89 of an eager one (about 3 % of a
-paper-size task), after a compilation of 27–29 s cold here that every short run would pay; QOA's switch is off by
-default (README, "The GPU path").
+loss) in :class:`LazyCompile`: a module built only to evaluate or to load a checkpoint pays no compilation, the
+parameters and checkpoint keys stay the module's own (a bound method, no ``_orig_mod``), and the compiled function is
+left out of pickles and deep copies (inductor's functions do not pickle). Cost and gain: docs/results/paper_size.md.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Evaluation split across DDP ranks: each rank answers a contiguous block of the queries, the answers are gathered.
-
-An episode's queries are independent given the support set, so splitting them across ``W`` ranks gives every rank
-the same predictions as one process answering them all, at ``1 / W`` of the arithmetic per rank. Every rank must
-be answering the *same* episode: :func:`answer_across_ranks` checks that (query count and checksums of the
-queries and the support set) and raises otherwise.
+"""Evaluation split across DDP ranks: an episode's queries are independent given the support set, so each rank
+answers a contiguous block of them (the same predictions at ``1 / W`` of the arithmetic) and the answers are gathered.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ def world() -> tuple[int, int]:
 
 
 def _check_same_episode(query_x: Tensor, support_x: Tensor, world_size: int) -> None:
+    """Raise unless every rank holds the same episode (query count and checksums of the queries and supports)."""
     sig = torch.stack(
         [
             torch.tensor(float(query_x.shape[0]), dtype=torch.float64, device=query_x.device),

@@ -1,14 +1,10 @@
 """The fast-weight rules of parametric attention, one class per rule: its hyperparameters, the slow weights it adds to
 the learner (gates), the state it starts from, its write (a ``cl_lightning.ops`` op) and its read.
 
-A chunk of N tokens — keys = queries ``(1, H, N, K)``, write strengths β ``(1, H, N)``, the rule's gates (``Encoded``)
-and values ``(1, H, N, V)`` — is written into a fast state of fixed size per head, each token read with q = k before
-its own write when prequential (read after it otherwise). With P key–value pairs per example (keys
-``(1, H, N, P, K)``, linear-readout rules only) the chunk is written as a P-times longer sequence, every pair carrying
-its example's value and gates, and each example is read at its first pair with the mean of its P queries.
-
-A rule holds its hyperparameters only: the slow weights it adds live on the learner (``slow``) under their own names
-(``gate_proj``, ``a_log``, ...), so checkpoint keys do not depend on how the rule is given. In a config:
+A chunk's tokens (:class:`Encoded`) and values are written into a fast state of fixed size per head
+(:meth:`FastWeightRule.write`). A rule holds its hyperparameters only: the slow weights it adds live on the learner
+(``slow``) under their own names (``gate_proj``, ``a_log``, ...), so checkpoint keys do not depend on how the rule is
+given. In a config:
 ``rule: {class_path: cl_lightning.nn.fast_weights.GatedDeltaRule, init_args: {forget_init: 1.0e-3}}``.
 """
 
@@ -65,8 +61,9 @@ class FastWeightRule(ABC):
 
     def write(self, slow: nn.Module, enc: Encoded, values: Tensor, state: State, prequential: bool = True):
         """Run the rule from ``state`` (``(H, ...)`` per tensor) on a chunk's tokens and values ``(1, H, N, V)``,
-        each token read before its own write if ``prequential``: outputs ``(1, H, N, V)`` (read with q = k, before
-        any readout head) and the final state, of the structure of ``state``."""
+        each token read with q = k before its own write if ``prequential``: outputs ``(1, H, N, V)`` (before any
+        readout head) and the final state, of the structure of ``state``. With P pairs per example the chunk is
+        written as a P-times longer sequence (:func:`cl_lightning.ops.expand_pairs`)."""
         keys, beta, g, log_mu, gamma = enc
         pairs = keys.shape[3] if keys.dim() == 5 else 1
         if pairs > 1:  # P pairs per example: a P-times longer sequence, read at each example's first pair

@@ -1,25 +1,16 @@
 """Fused training steps: hand-written gradients of the small nets and one Adam over a flat tensor.
 
-A one-point step of slowly changing regression is a few dozen tiny tensor operations; autograd's graph and a
-per-parameter Adam cost several times their arithmetic (and a quarter of a 400-image Permuted-MNIST step). Here the
-gradients are written by hand into views of one flat gradient and one Adam updates every parameter at once, the
-parameters and the optimiser's state being views of flat tensors (:mod:`cl_lightning.nn.optim.flat_adam`: the
-modules, checkpoints, probes and monitors see the same ``Parameter`` objects and optimiser state).
-
-- :func:`mlp_steps`: predict, loss (MSE, or cross-entropy on logits), gradients and update of an
-  :class:`~cl_lightning.nn.MLP` (ReLU, linear output), one chunk after another, with a hook after each update
-  (Continual Backprop's generate-and-test);
-- :func:`attention_mse_steps`: the same for query-only attention's label-free :class:`~cl_lightning.nn.PairScorer`
-  (softmax over the supports, values = their targets) along a window of the stream.
+On a one-point step autograd's graph and a per-parameter Adam cost several times the arithmetic. Here the gradients
+are written by hand into views of one flat gradient and one Adam updates every parameter at once
+(:mod:`cl_lightning.nn.optim.flat_adam`: the modules, checkpoints and monitors see the same ``Parameter`` objects
+and optimiser state): :func:`mlp_steps` for an :class:`~cl_lightning.nn.MLP`, :func:`attention_mse_steps` for
+query-only attention's label-free :class:`~cl_lightning.nn.PairScorer`.
 
 The numbers are autograd's bit for bit (``tests/test_fused_steps.py``): each product is autograd's, in its operand
-layout, written into views aligned as separate tensors would be (``flat_adam`` says why that matters). Exactness
-matters more than it seems: some of QOA's weights have an exact gradient of 0 and a computed one of rounding noise,
-which Adam turns into steps of about ``lr``.
-
-Call under ``torch.no_grad()`` semantics (the step functions are decorated); single process, full precision. A
-fast path that computes a module's output without calling it would skip the module's forward hooks (a monitor's probe
-would see nothing), so it runs only where :func:`has_forward_hooks` finds none (here, and the scorer's blocked pass).
+layout. That matters: some of QOA's weights have an exact gradient of 0 and a computed one of rounding noise, which
+Adam turns into steps of about ``lr``. Single process, full precision. A fast path that computes a module's output
+without calling it would skip its forward hooks (a monitor's probe), so it runs only where :func:`has_forward_hooks`
+finds none (here, and the scorer's blocked pass).
 """
 
 from __future__ import annotations
@@ -98,11 +89,9 @@ def mlp_steps(
     step on its loss. ``xs (T, B, D)`` ``-> predictions (T, B, k)``, each made before its step; ``ys (T, B)``
     integer labels (cross-entropy on the logits) or ``(T, B, k)`` targets (MSE).
 
-    Autograd's formulas: MSE ``mean((pred - y)²)``, ``∂/∂pred = 2 (pred - y) / N``; cross-entropy through autograd's
-    own ``log_softmax`` and ``nll_loss`` backward kernels; per layer ``∂W = gᵀ h``, ``∂b = Σ_B g``,
-    ``g ← (g W) · 1[h > 0]`` (the products in autograd's operand layouts). ``adam`` is bound to the layers'
-    parameters. ``after_step``, when given, is called after each update with that step's hidden features (post-ReLU
-    ``(B, H)`` per hidden layer, from the forward pass before the update): Continual Backprop's generate-and-test.
+    Per layer ``∂W = gᵀ h``, ``∂b = Σ_B g``, ``g ← (g W) · 1[h > 0]``. ``adam`` is bound to the layers' parameters.
+    ``after_step``, when given, is called after each update with that step's post-ReLU features ``(B, H)`` per hidden
+    layer, from the forward pass before the update (Continual Backprop's generate-and-test).
     """
     plan = _layer_grads(layers, adam)
     if ys.dim() == 2:  # labels: cross-entropy on the logits

@@ -28,11 +28,10 @@ All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_c
 ``mean_act_i``, ``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float),
 ``replaced_i`` (a running count)). Randomness comes from the generator passed to :meth:`step`.
 
-No host synchronisation per step: how many units a layer replaces depends only on how many are eligible, and that
-only on past replacement counts (every unit ages by one per step; a replaced unit restarts at 0). So the counts are
-kept on the host (:class:`HostCounts`, rebuilt from ``age_i`` and ``to_replace_i`` on
-load) and the replaced units are the first ``count`` of the eligible units sorted by utility, with no device read.
-This equals the reference whenever the utilities are finite (a NaN utility sorts last among the eligible units here).
+No host synchronisation per step: how many units a layer replaces depends only on past replacement counts, so the
+counts are kept on the host (:class:`HostCounts`, rebuilt from the buffers on load) and the replaced units are the
+first ``count`` eligible ones by utility, with no device read (as the reference while utilities are finite; a NaN
+utility sorts last here).
 """
 
 from __future__ import annotations
@@ -170,8 +169,7 @@ class GenerateAndTest(nn.Module):
         self.sync_host()
 
     def sync_host(self) -> None:
-        """Rebuild the host counts from the ``age_i`` and ``to_replace_i`` buffers: after loading them (done by
-        ``load_state_dict``) or writing them by hand."""
+        """Rebuild the host counts from the ``age_i`` and ``to_replace_i`` buffers (after writing them by hand)."""
         self._host = [
             HostCounts.from_ages(
                 self.buffer("age", i).cpu(), self.maturity_threshold, float(self.buffer("to_replace", i))
@@ -210,9 +208,8 @@ class GenerateAndTest(nn.Module):
         return self.replace(layers, counts, optimizer, generator, h_hats)
 
     def next_counts(self, generator: torch.Generator | None) -> list[int]:
-        """One step of the host counts: every unit one step older, then how many units each layer replaces (the
-        chosen ones restart at age 0 here; :meth:`replace` chooses them). Host arithmetic only, so a caller may run
-        it ahead of the tests (the native kernel; ``generator`` is read only with ``accumulate=False``)."""
+        """One step of the host counts: how many units each layer replaces (:meth:`replace` chooses them). Host
+        arithmetic only, so the native kernel runs it ahead of the tests (``generator``: only if not ``accumulate``)."""
         counts = []
         for i, host in enumerate(self._host):
             eligible = host.tick(self.maturity_threshold)
@@ -236,10 +233,9 @@ class GenerateAndTest(nn.Module):
         generator: torch.Generator,
         h_hats: list[Tensor] | None = None,
     ) -> list[Tensor]:
-        """After this step's test: replace the ``counts[i]`` eligible units of lowest ``bias_corrected_util_i`` of
-        each layer ``i`` (:meth:`next_counts`), every layer tested before any is changed, as the reference; the
-        replaced indices per layer. ``h_hats``: each layer's ĥ from the test (``None``: from the buffers, if the
-        next-layer bias correction reads it)."""
+        """After every layer's test, replace the ``counts[i]`` (:meth:`next_counts`) eligible units of lowest
+        ``bias_corrected_util_i`` of each layer ``i``; the replaced indices per layer. ``h_hats``: each layer's ĥ from
+        the test (``None``: from the buffers)."""
         if h_hats is None and self.next_bias_correction:  # tested in C (the native kernel): ĥ from the buffers
             h_hats = [self.buffer("mean_act", i) / self._bias_correction(i) for i in range(self.num_layers)]
         replaced = []

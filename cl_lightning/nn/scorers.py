@@ -1,16 +1,10 @@
 """The query-only attention pair scorer Q_θ(x_t, x_j, y_j) (Bekal et al., arXiv 2510.00365; docs/qoa.md §3).
 
-The authors' network is an MLP on the concatenation ``[x_j, x_t, onehot(y_j)]`` (108 → 100, 9 × (100 → 100),
-100 → 1 on Permuted MNIST; Xavier-uniform weights, zero biases). Its first layer is linear, so on a pair it equals
-``W_s x_j + W_q x_t + W_y[:, y_j] + b``: the support part is computed once per support, the query part once per
-query, and the two are broadcast to all (query, support) pairs. Same numbers, about ``2D + C`` times less work in
-the first layer and no (Q, S, 2D + C) tensor.
-
-Evaluation (no gradient) is almost all of a paper-size task's arithmetic: 2 episodes × 2,000 queries × 1,000
-supports × 9 hidden 100 × 100 layers ≈ 0.72 TFLOP. It runs through :meth:`PairScorer.score_blocked`: pairs in
-blocks whose size is measured on the machine at first use (:func:`tuned_block_pairs`), ``addmm`` with the bias into
-two preallocated ping-pong buffers kept between episodes, ReLU in place, so each layer is one matrix product on a
-cache-sized block plus one in-place pass.
+The authors' network is an MLP on ``[x_j, x_t, onehot(y_j)]`` (Xavier-uniform weights, zero biases). Its first layer
+is linear, so on a pair it equals ``W_s x_j + W_q x_t + W_y[:, y_j] + b``: the support part is computed once per
+support, the query part once per query, and the two are broadcast to all (query, support) pairs (the same numbers,
+no (Q, S, 2D + C) tensor). Evaluation, almost all of a task's arithmetic, runs in cache-sized blocks of pairs
+(:meth:`PairScorer.score_blocked`).
 """
 
 from __future__ import annotations
@@ -21,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from cl_lightning.nn.fused_steps import has_forward_hooks
-from cl_lightning.nn.mlp import InitName, init_linear
+from cl_lightning.nn.mlp import init_linear
 
 #: Measured block sizes (pairs per block) by (device type, threads, hidden, layers, dtype): see tuned_block_pairs.
 _BLOCK_CACHE: dict[tuple, int] = {}
@@ -30,13 +24,10 @@ _CUDA_CANDIDATES = (1 << 16, 1 << 18, 1 << 20, 1 << 21)
 
 
 def tuned_block_pairs(hidden: int, num_layers: int, device: torch.device, dtype: torch.dtype) -> int:
-    """Pairs per evaluation block that run fastest here, measured once per process and cached.
+    """Pairs per evaluation block that run fastest here, measured once per process (and thread count) and cached.
 
-    Each candidate (CPU: 1,024–16,384 pairs, i.e. 0.4–6.6 MB activations at width 100, around the cache sizes;
-    CUDA: 64 K – 2 M pairs) runs the layer loop of :meth:`PairScorer.score_blocked` on random data; the fastest
-    per pair (best of three; on CPU in process CPU time, which a busy shared machine disturbs far less than wall
-    time) wins. About 0.3 s on two CPU cores at the paper's width. The key holds the thread count, so a process
-    that changes ``torch.set_num_threads`` re-measures.
+    Each candidate runs :meth:`PairScorer.score_blocked`'s layer loop on random data; the fastest per pair wins
+    (best of three; on CPU in process CPU time, which a busy shared machine disturbs far less than wall time).
     """
     key = (device.type, torch.get_num_threads(), hidden, num_layers, dtype)
     if key in _BLOCK_CACHE:
@@ -78,15 +69,13 @@ class PairScorer(nn.Module):
         num_labels: Width of the label one-hot in the input (10); 0 for a label-free scorer (regression).
         hidden: Hidden width (100).
         num_hidden_layers: hidden → hidden layers after the first (9).
-        init: Weight initialisation (paper: Xavier-uniform, zero biases).
-        pair_budget: Pairs evaluated at once on the gradient path (and on the evaluation path when monitors have
-            forward hooks on the layers); queries go through in chunks so memory stays bounded.
         block_pairs: Pairs per block of the no-gradient evaluation path; ``None`` measures it on first use
             (:func:`tuned_block_pairs`).
-        eval_dtype: Arithmetic dtype of the evaluation path on CUDA (bf16: the tensor cores' rate; scores are
-            returned in the input dtype). CPU evaluation stays in the input dtype unless ``eval_dtype_cpu`` is set.
-        eval_dtype_cpu: Force ``eval_dtype`` on CPU too (tests of the reduced-precision path).
+        eval_dtype_cpu: Evaluate in :attr:`eval_dtype` on CPU too (tests of the reduced-precision path).
     """
+
+    pair_budget = 1 << 16  # pairs at once on the gradient (and hooked evaluation) path: queries go in chunks
+    eval_dtype = torch.bfloat16  # the evaluation path's arithmetic on CUDA (scores come back in the input dtype)
 
     def __init__(
         self,
@@ -94,20 +83,17 @@ class PairScorer(nn.Module):
         num_labels: int,
         hidden: int = 100,
         num_hidden_layers: int = 9,
-        init: InitName = "xavier",
-        pair_budget: int = 1 << 16,
         block_pairs: int | None = None,
-        eval_dtype: torch.dtype = torch.bfloat16,
         eval_dtype_cpu: bool = False,
     ) -> None:
         super().__init__()
-        self.x_dim, self.num_labels, self.pair_budget = x_dim, num_labels, pair_budget
-        self.block_pairs, self.eval_dtype, self.eval_dtype_cpu = block_pairs, eval_dtype, eval_dtype_cpu
+        self.x_dim, self.num_labels = x_dim, num_labels
+        self.block_pairs, self.eval_dtype_cpu = block_pairs, eval_dtype_cpu
         self.first = nn.Linear(2 * x_dim + num_labels, hidden)
         self.hidden = nn.ModuleList(nn.Linear(hidden, hidden) for _ in range(num_hidden_layers))
         self.out = nn.Linear(hidden, 1)
         for layer in (self.first, *self.hidden, self.out):
-            init_linear(layer, init)
+            init_linear(layer, "xavier")
         self._workspace: tuple[Tensor, Tensor] | None = None  # evaluation ping-pong buffers, kept between calls
 
     def tail(self, h: Tensor) -> Tensor:
@@ -157,40 +143,35 @@ class PairScorer(nn.Module):
 
     @torch.no_grad()
     def score_blocked(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:
-        """The evaluation path: the same scores as :meth:`forward_concat`, at about the matrix-multiply rate.
+        """The evaluation path, :meth:`forward_concat`'s scores: ``(Q, D), (S, D), (S,) -> (Q, S)``.
 
-        The first layer is factorised (once per query, once per support); pairs then go through the remaining
-        layers in blocks of ``block_pairs`` (whole queries: ``block_pairs // S`` at a time) using two buffers
-        allocated once and reused by every later call of the same or smaller size: per layer one ``addmm`` (bias
-        included) into the other buffer and one in-place ReLU. ``(Q, D), (S, D), (S,) -> (Q, S)``. Autocast is
-        off inside: on CUDA the arithmetic is in ``eval_dtype`` (bf16) explicitly, scores come back in fp32.
+        Whole queries go through the layers after the factorised first one in blocks of ``block_pairs`` pairs, in
+        two ping-pong buffers kept between calls: per layer one ``addmm`` (bias included) and one in-place ReLU.
+        Autocast is off: on CUDA the arithmetic is in :attr:`eval_dtype` explicitly.
         """
-        with torch.autocast(query_x.device.type, enabled=False):  # the dtype is chosen here, explicitly
-            return self._score_blocked(query_x, support_x, support_y)
-
-    def _score_blocked(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None) -> Tensor:
-        device, out_dtype = query_x.device, query_x.dtype
-        dtype = self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else out_dtype
-        a = self.support_part(support_x, support_y).to(dtype)  # (S, H)
-        b = self.query_part(query_x).to(dtype)  # (Q, H)
-        n_q, n_s, width = b.shape[0], a.shape[0], a.shape[1]
-        scores = torch.empty(n_q, n_s, device=device, dtype=dtype)
-        if n_q == 0 or n_s == 0:
+        with torch.autocast(query_x.device.type, enabled=False):
+            device, out_dtype = query_x.device, query_x.dtype
+            dtype = self.eval_dtype if device.type == "cuda" or self.eval_dtype_cpu else out_dtype
+            a = self.support_part(support_x, support_y).to(dtype)  # (S, H)
+            b = self.query_part(query_x).to(dtype)  # (Q, H)
+            n_q, n_s, width = b.shape[0], a.shape[0], a.shape[1]
+            scores = torch.empty(n_q, n_s, device=device, dtype=dtype)
+            if n_q == 0 or n_s == 0:
+                return scores.to(out_dtype)
+            block = self.block_pairs or tuned_block_pairs(width, len(self.hidden), device, dtype)
+            step = max(1, min(n_q, block // n_s))
+            h_all, g_all = self._buffers_for(step * n_s, width, device, dtype)
+            layers = [(m.weight.to(dtype).T, m.bias.to(dtype)) for m in self.hidden]
+            w_out, b_out = self.out.weight.to(dtype).T, self.out.bias.to(dtype)  # (H, 1), (1,)
+            for lo in range(0, n_q, step):
+                q = min(step, n_q - lo)
+                h, g = h_all[: q * n_s], g_all[: q * n_s]
+                torch.add(b[lo : lo + q, None, :], a[None], out=h.view(q, n_s, width)).relu_()  # first layer
+                for w, bias in layers:
+                    torch.addmm(bias, h, w, out=g).relu_()
+                    h, g = g, h
+                torch.addmm(b_out, h, w_out, out=scores[lo : lo + q].view(q * n_s, 1))
             return scores.to(out_dtype)
-        block = self.block_pairs or tuned_block_pairs(width, len(self.hidden), device, dtype)
-        step = max(1, min(n_q, block // n_s))
-        h_all, g_all = self._buffers_for(step * n_s, width, device, dtype)
-        layers = [(m.weight.to(dtype).T, m.bias.to(dtype)) for m in self.hidden]
-        w_out, b_out = self.out.weight.to(dtype).T, self.out.bias.to(dtype)  # (H, 1), (1,)
-        for lo in range(0, n_q, step):
-            q = min(step, n_q - lo)
-            h, g = h_all[: q * n_s], g_all[: q * n_s]
-            torch.add(b[lo : lo + q, None, :], a[None], out=h.view(q, n_s, width)).relu_()  # first layer
-            for w, bias in layers:
-                torch.addmm(bias, h, w, out=g).relu_()
-                h, g = g, h
-            torch.addmm(b_out, h, w_out, out=scores[lo : lo + q].view(q * n_s, 1))
-        return scores.to(out_dtype)
 
     def _buffers_for(self, rows: int, width: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Two ``(rows, width)`` buffers, reused while they are large enough and of the right device and dtype."""

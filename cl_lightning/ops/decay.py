@@ -63,8 +63,7 @@ def chunk_decay_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Decay linear attention, chunked form: S_t = diag(exp(g_t)) S_{t-1} + beta_t k_t v_t^T.
 
-    The same numbers as :func:`naive_recurrent_decay_linear_attn`, the reference: arguments, shapes and returns as
-    there; keep ``chunk_size`` C <= 64 (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_decay_linear_attn` (arguments, shapes, numbers); ``chunk_size`` C <= 64, any T.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 4), torch.randn(1, 2, 7, 3)

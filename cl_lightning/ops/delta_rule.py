@@ -7,16 +7,8 @@ One LMS (Widrow-Hoff) step with learning rate beta_t on 1/2 ||S^T k_t - v_t||^2:
     S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T = (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T
     o_t = S_t^T q_t                                        (prequential: o_t = S_{t-1}^T q_t)
 
-Keys should be L2-normalised (``l2_normalize``) so beta in (0, 2) keeps the write stable. Chunked form via the WY /
-UT representation, with S the state at the chunk start:
-
-    A  = StrictTril(diag(beta) K K^T)
-    (I + A) [W | U] = [diag(beta) K | diag(beta) V]        (unit lower-triangular solve, no inverse)
-    U' = U - W S
-    O_c = Q S + Tril(Q K^T) U'                             (StrictTril when prequential)
-    S  <- S + K^T U'
-
-It is the gated delta rule (:mod:`cl_lightning.ops.gated_delta_rule`) with no decay, g = 0, and runs that rule's code.
+Keys should be L2-normalised (``l2_normalize``) so beta in (0, 2) keeps the write stable. It is the gated delta rule
+(:mod:`cl_lightning.ops.gated_delta_rule`) with no decay, g = 0, and runs that rule's code and chunked WY/UT form.
 """
 
 from torch import Tensor
@@ -53,8 +45,7 @@ def chunk_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Delta rule, chunked WY/UT form: S_t = S_{t-1} + beta_t k_t (v_t - S_{t-1}^T k_t)^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_delta_rule`, the reference: arguments, shapes and returns as there;
-    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_delta_rule` (arguments, shapes, numbers); ``chunk_size`` C tokens a chunk, any T.
 
     Example:
         >>> import torch

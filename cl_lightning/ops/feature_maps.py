@@ -48,15 +48,8 @@ def random_fourier_weights(input_dim: int, state_dim: int, generator: torch.Gene
 
 
 def feature_map(x: Tensor, name: FeatureMapName, weights: Tensor | None = None) -> Tensor:
-    """phi(x) over the last dim.
-
-    Args:
-        x: Tensor of shape (..., D).
-        name: The map (see the module docstring).
-        weights: The fixed projection (D, m) of ``"random_fourier"``.
-
-    Returns:
-        Tensor of shape (..., D_phi).
+    """phi(x) over the last dim, ``(..., D) -> (..., D_phi)``: the map ``name`` (the module docstring), ``weights``
+    the fixed projection (D, m) of ``"random_fourier"``.
 
     Example:
         >>> q, k = torch.tensor([1.0, 2.0]), torch.tensor([3.0, -1.0])

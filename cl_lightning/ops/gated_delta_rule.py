@@ -72,8 +72,7 @@ def chunk_gated_delta_rule(
 ) -> tuple[Tensor, Tensor]:
     """Gated delta rule, chunked WY/UT form: S_t = exp(g_t)(I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T.
 
-    The same numbers as :func:`naive_recurrent_gated_delta_rule`, the reference: arguments, shapes and returns as
-    there; keep ``chunk_size`` C <= 64 (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_gated_delta_rule` (arguments, shapes, numbers); ``chunk_size`` C <= 64, any T.
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

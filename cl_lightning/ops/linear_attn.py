@@ -7,12 +7,8 @@ write strength beta_t:
     S_t = S_{t-1} + beta_t * k_t v_t^T        (S in R^{K x V})
     o_t = S_t^T q_t                           (prequential: o_t = S_{t-1}^T q_t)
 
-Chunked form (chunk of C rows Q, K, V; V already scaled by beta):
-
-    O_c = Q S + Tril(Q K^T) V                 (StrictTril when prequential)
-    S  <- S + K^T V
-
-It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 0, and runs that rule's code.
+It is decay linear attention (:mod:`cl_lightning.ops.decay`) with no decay, g = 0, and runs that rule's code and
+chunked form.
 """
 
 from torch import Tensor
@@ -49,8 +45,7 @@ def chunk_linear_attn(
 ) -> tuple[Tensor, Tensor]:
     """Linear (Hebbian) attention, chunked form: S_t = S_{t-1} + beta_t k_t v_t^T, o_t = S^T q_t.
 
-    The same numbers as :func:`naive_recurrent_linear_attn`, the reference: arguments, shapes and returns as there;
-    ``chunk_size`` is the number of tokens per chunk C (any T works, the last chunk may be shorter).
+    As :func:`naive_recurrent_linear_attn` (arguments, shapes, numbers); ``chunk_size`` C tokens a chunk, any T.
 
     Example:
         >>> import torch

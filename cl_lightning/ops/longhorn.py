@@ -24,14 +24,8 @@ from cl_lightning.ops.utils import chunk_scan, decay_matrix, recurrent_scan, sta
 
 
 def longhorn_step_size(beta: Tensor, k: Tensor) -> Tensor:
-    """Normalised step eps = beta / (1 + beta ||k||^2) of Longhorn's implicit update.
-
-    Args:
-        beta: Step sizes, shape (B, H, T) or (B, H, T, V), positive.
-        k: Keys, shape (B, H, T, K).
-
-    Returns:
-        eps with the shape of ``beta``.
+    """Longhorn's normalised step eps = beta / (1 + beta ||k||^2): beta > 0 (B, H, T) or (B, H, T, V), k (B, H, T, K)
+    -> eps shaped as beta.
 
     Example:
         >>> longhorn_step_size(torch.tensor([[[1.0]]]), torch.tensor([[[[1.0, 1.0]]]]))
@@ -86,10 +80,8 @@ def chunk_longhorn(
 ) -> tuple[Tensor, Tensor]:
     """Longhorn, chunked selective scan: S_t = (1 - eps_t k_t^2) * S_{t-1} + eps_t k_t v_t^T (diagonal).
 
-    The same numbers as :func:`naive_recurrent_longhorn`, the reference: arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C; the intra-chunk decay tensor is (C, C, K, V) per head, so keep C small.
+    As :func:`naive_recurrent_longhorn` (arguments, shapes, numbers); ``chunk_size`` C small (a chunk's decay
+    tensor is (C, C, K, V) per head).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

@@ -85,10 +85,7 @@ def chunk_omega_rule(
 ) -> tuple[Tensor, Tensor]:
     """Omega rule, chunked block-WY form: S_t = S_{t-1} + eta_t sum_{window} gamma_i k_i (v_i - S_{t-1}^T k_i)^T.
 
-    The same numbers as :func:`naive_recurrent_omega_rule`, the reference: arguments, shapes and returns as there.
-
-    Args:
-        chunk_size: Tokens per chunk C (the triangular solve has C * c rows); any T works.
+    As :func:`naive_recurrent_omega_rule` (arguments, shapes, numbers); ``chunk_size`` C (the solve has C * c rows).
 
     Example:
         >>> from cl_lightning.ops.delta_rule import chunk_delta_rule

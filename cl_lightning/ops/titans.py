@@ -51,19 +51,14 @@ def naive_recurrent_titans_linear(
     """Momentum + weight-decay fast weights, token by token: M_t = mu_t M + k_t U_t^T, W_t = r_t W + M_t.
 
     Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K); L2-normalise them for a stable write.
-        v: Values, shape (B, H, T, V).
+        q, k, v, prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`); L2-normalise the keys.
         beta: Surprise step sizes theta_t, shape (B, H, T).
         log_momentum: log mu_t <= 0, shape (B, H, T); None means mu = 1 (momentum never decays).
         log_retain: log r_t = log(1 - alpha_t) <= 0, shape (B, H, T); None means r = 1 (no weight decay).
-        initial_state: (W_0, M_0), each of shape (B, H, K, V); None means zeros.
-        prequential: If True, o_t is read with W_{t-1} (v_t never reaches o_t); otherwise with W_t.
-        mini_batch_size: Tokens whose gradients are taken at the same (mini-batch start) memory; 1 = exact.
-            Each call starts a new mini-batch.
-
-    Returns:
-        Outputs of shape (B, H, T, V) and the final state (W, M).
+        initial_state: (W_0, M_0), each (B, H, K, V), None meaning zeros; returned as the final (W, M) after the
+            outputs (B, H, T, V).
+        mini_batch_size: Tokens whose gradients are taken at the mini-batch's start memory (1: exact); each call
+            starts a new mini-batch.
     """
     log_momentum, log_retain, (weight, momentum) = _setup(
         q, v, beta, log_momentum, log_retain, initial_state, mini_batch_size
@@ -96,7 +91,7 @@ def chunk_titans_linear(
 ) -> tuple[Tensor, TitansState]:
     """Momentum + weight-decay fast weights, chunked closed form (one chunk per mini-batch).
 
-    The same numbers as :func:`naive_recurrent_titans_linear`, the reference: arguments, shapes and returns as there.
+    As :func:`naive_recurrent_titans_linear` (arguments, shapes, numbers).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 3)

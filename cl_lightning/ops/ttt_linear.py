@@ -35,17 +35,9 @@ def layer_norm(z: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
 
 
 def ln_l2_grad(z: Tensor, target: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Gradient of 1/2 ||LN(z) - target||^2 with respect to z, in closed form (TTT's ``ln_fused_l2_bwd``).
-
-    Args:
-        z: Pre-norm activations, shape (..., D).
-        target: Regression targets, shape (..., D).
-        weight: LayerNorm weight, broadcastable to (..., D).
-        bias: LayerNorm bias, broadcastable to (..., D).
-
-    Returns:
-        dl/dz of shape (..., D) = (D g - sum(g) - x_hat sum(g x_hat)) / (D sigma), g = (LN(z) - target) * weight.
-    """
+    """dl/dz of l = 1/2 ||LN(z) - target||^2 in closed form (TTT's ``ln_fused_l2_bwd``): z, target ``(..., D)``, LN
+    weight and bias broadcastable to them -> (D g - sum(g) - x_hat sum(g x_hat)) / (D sigma), g = (LN(z) - target) *
+    weight, ``(..., D)``."""
     dim = z.shape[-1]
     mean = z.mean(dim=-1, keepdim=True)
     std = (z.var(dim=-1, unbiased=False, keepdim=True) + LN_EPS).sqrt()
@@ -94,23 +86,15 @@ def naive_recurrent_ttt_linear(
     """TTT-Linear, token-by-token reference (primal form): W_i = W_0 - tau_i sum_{j<=i} eta_j grad l_j(W_0).
 
     Args:
-        q: Queries, shape (B, H, T, D).
-        k: Keys (the fast model's inputs), shape (B, H, T, D).
-        v: Values, shape (B, H, T, D); the regression target of k_t is v_t - k_t.
+        q, k, v: Queries, keys (the fast model's inputs) and values, shape (B, H, T, D); k_t's target is v_t - k_t.
         beta: Per-token learning rates eta_t >= 0, shape (B, H, T).
-        ln_weight: LayerNorm weight per head, shape (H, D); None means ones.
-        ln_bias: LayerNorm bias per head, shape (H, D); None means zeros.
-        initial_state: (W_0 of shape (B, H, D, D), b_0 of shape (B, H, D)); None means zeros.
-        prequential: If True, o_t is read with the state before token t's update (v_t never reaches o_t);
-            otherwise with the state after it.
-        mini_batch_size: Mini-batch size M (the chunk size of the dual form); every gradient in a mini-batch is
-            taken at the mini-batch's start state. Each call starts a new mini-batch, so a stream split into calls
-            matches one call only where the splits fall on mini-batch boundaries.
-        position_scale: tau_i for the positions i = 1..M in a mini-batch, shape (M,); None means 1/i.
-
-    Returns:
-        Outputs o = q + LN(q W + b) of shape (B, H, T, D) and the final state (W of shape (B, H, D, D), b of shape
-        (B, H, D)), in the dtype of the inputs.
+        ln_weight, ln_bias: LayerNorm weight and bias per head, shape (H, D); None means ones and zeros.
+        initial_state: (W_0 (B, H, D, D), b_0 (B, H, D)), None meaning zeros; returned as the final (W, b) after the
+            outputs o = q + LN(q W + b), (B, H, T, D).
+        prequential: As for every matrix-state rule (:mod:`cl_lightning.ops`): read the state before token t's update.
+        mini_batch_size: M, the tokens whose gradients are taken at the mini-batch's start state; each call starts a
+            new mini-batch (calls match one call where they split the stream on mini-batch boundaries).
+        position_scale: tau_i for i = 1..M, shape (M,); None means 1/i.
     """
     assert k.shape[-1] == v.shape[-1], "TTT-Linear needs K == V"
     ln_w, ln_b, (weight, bias) = _setup(q, ln_weight, ln_bias, initial_state)
@@ -148,7 +132,7 @@ def chunk_ttt_linear(
 ) -> tuple[Tensor, TTTState]:
     """TTT-Linear, chunked dual form: W_i = W_0 - tau_i sum_{j<=i} eta_j grad l_j(W_0), one chunk per mini-batch.
 
-    The same numbers as :func:`naive_recurrent_ttt_linear`, the reference: arguments, shapes and returns as there.
+    As :func:`naive_recurrent_ttt_linear` (arguments, shapes, numbers).
 
     Example:
         >>> q, k, v = torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4), torch.randn(1, 2, 9, 4)

@@ -74,18 +74,13 @@ def naive_recurrent_ttt_mlp(
     """Two-layer MLP fast weight, token-by-token primal form: P_i = P_0 - tau_i sum_{j<=i} eta_j grad l_j(P_0).
 
     Args:
-        q: Queries, shape (B, H, T, K).
-        k: Keys, shape (B, H, T, K).
-        v: Values (regression targets), shape (B, H, T, V).
+        q, k, v: Queries and keys (B, H, T, K), values (the regression targets) (B, H, T, V).
         beta: Per-token rates eta_t >= 0, shape (B, H, T).
-        initial_state: (W1 (B, H, K, D_h), b1 (B, H, D_h), W2 (B, H, D_h, V), b2 (B, H, V)); W1 must not be zero
-            (a zero W1 and W2 has zero gradient), e.g. N(0, 1/K).
+        initial_state: (W1 (B, H, K, D_h), b1 (B, H, D_h), W2 (B, H, D_h, V), b2 (B, H, V)), W1 not zero (a zero W1
+            and W2 has zero gradient), e.g. N(0, 1/K); returned as the final state after the outputs (B, H, T, V).
         prequential: If True, o_t = f(q_t; P_{t-1}); otherwise f(q_t; P_t).
         mini_batch_size: Mini-batch size M; each call starts a new mini-batch.
         position_scale: tau_i for i = 1..M, shape (M,); None means ones.
-
-    Returns:
-        Outputs of shape (B, H, T, V) and the final state (W1, b1, W2, b2).
     """
     tau = _setup(q, mini_batch_size, position_scale)
     state, start, acc, outputs = initial_state, initial_state, None, []
@@ -118,7 +113,7 @@ def chunk_ttt_mlp(
 ) -> tuple[Tensor, MLPState]:
     """Two-layer MLP fast weight, chunked dual form (one chunk per mini-batch).
 
-    The same numbers as :func:`naive_recurrent_ttt_mlp`, the reference: arguments, shapes and returns as there.
+    As :func:`naive_recurrent_ttt_mlp` (arguments, shapes, numbers).
 
     Example:
         >>> q, k, v = torch.randn(1, 1, 9, 4), torch.randn(1, 1, 9, 4), torch.randn(1, 1, 9, 3)

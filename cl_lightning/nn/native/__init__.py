@@ -1,34 +1,23 @@
 """One-point training steps in C: a chunk of regression steps per call (a learner's ``step_kernel="native"``).
 
-A fused step of :mod:`cl_lightning.nn.fused_steps` still dispatches a few dozen tiny tensor operations per point,
-and on a CPU that dispatch, not the arithmetic, is the step's cost. Here the same algorithm runs as one C loop over
-the chunk (``steps.c``): predict, MSE gradient by hand, one Adam update, for Backprop's MLP and for label-free
-query-only attention, on the flat tensors of :class:`~cl_lightning.nn.optim.FlatAdam` (so checkpoints,
-probes and monitors see the same parameters and optimiser state).
+On a CPU a fused step (:mod:`cl_lightning.nn.fused_steps`) costs its few dozen dispatches, not its arithmetic. Here
+the same algorithm runs as one C loop over the chunk (``steps.c``): predict, MSE gradient by hand, one Adam update,
+for Backprop's MLP and label-free query-only attention, on the flat tensors of
+:class:`~cl_lightning.nn.optim.FlatAdam`; for Continual Backprop (:func:`cbp_mse_steps`) with AdamGnT
+(:class:`~cl_lightning.nn.optim.FlatAdamGnT`) and generate-and-test's test into
+:class:`~cl_lightning.nn.GenerateAndTest`'s buffers, its rare replacements in Python.
 
-Continual Backprop (:func:`cbp_mse_steps`): the MLP step with AdamGnT on the flat tensors of
-:class:`~cl_lightning.nn.optim.FlatAdamGnT`, then generate-and-test's test of every hidden layer into
-:class:`~cl_lightning.nn.GenerateAndTest`'s buffers; its rare replacements stay in Python (the function says how).
+Only rounding differs from the torch path (sums in another order, ``pow`` from the C library): one step agrees to
+float32 rounding (``tests/test_native_steps.py``), but over thousands of steps the trajectories drift apart as two
+BLAS libraries' would (and CBP may, at a near tie, replace another unit), which is why the torch path is the default.
 
-What differs from the torch path is rounding only: matrix products summed in another order, Adam's formulas without
-torch's vectorised loops, ``pow`` from the C library rather than SLEEF. One step agrees with the torch path to
-float32 rounding (``tests/test_native_steps.py``; CBP over 300 steps with replacements: the same units replaced,
-every number to float32 rounding); over thousands of steps the trajectories drift apart as two BLAS libraries
-would (and CBP may, at a near tie of two utilities, replace another unit), so a run made with one kernel is not bit
-for bit a run made with the other. That is why the torch path stays the default.
-
-The kernels' interface is typed: each takes one struct of named fields (``steps.h``'s ``*_FIELDS`` lists), mirrored
-here once as a :class:`ctypes.Structure` and compared with the layout the library exports when it loads (the header
-says how). The attention kernel is also built once per shape it is called with (its widths compile-time constants:
-the same operations in the same order as the generic code, whose QOA step on the SCR scorer takes 1.2–1.5× as long:
-``docs/results/scr_speed.md``).
-
-The library is compiled on first use with the system C compiler (``$CC``, else ``cc``) into
-``$XDG_CACHE_HOME/cl_lightning/native`` (``~/.cache`` by default), one file per source, compiler (its version),
-flags and CPU, written atomically (concurrent trials may build it at once). ``-march=native`` is used only where the
-CPU can be named (``/proc/cpuinfo``'s model and instruction-set flags: Linux on x86), so a cache shared between
-machines never loads a binary built for another CPU; elsewhere the build is portable. Tested on Linux x86_64 with
-gcc only. Where no compiler works, :func:`library` says why and the learner raises.
+Each kernel takes one struct of named fields (``steps.h``'s ``*_FIELDS``), mirrored here as a
+:class:`ctypes.Structure` and checked against the layout the library exports when it loads. The attention kernel is
+also built once per shape, its widths compile-time constants (docs/results/scr_speed.md). The library is compiled on
+first use with ``$CC`` (else ``cc``) into ``$XDG_CACHE_HOME/cl_lightning/native``, one file per source, compiler,
+flags and CPU, written atomically; ``-march=native`` only where ``/proc/cpuinfo`` names the CPU, so a shared cache
+never loads a binary built for another CPU. Tested on Linux x86_64 with gcc. Where no compiler works,
+:func:`library` says why and the learner raises.
 """
 
 from __future__ import annotations
@@ -194,17 +183,8 @@ def _load(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
     cpu = _cpu_tag()
     flags = [*_FLAGS, *(["-march=native"] if cpu else []), *defines]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(
-        b"\0".join(
-            [
-                _SOURCE.read_bytes(),
-                _HEADER.read_bytes(),
-                " ".join([compiler, *flags]).encode(),
-                version.encode(),
-                (cpu or platform.machine()).encode(),
-            ]
-        )
-    )
+    parts = [" ".join([compiler, *flags]), version, cpu or platform.machine()]
+    key = hashlib.sha256(b"\0".join([_SOURCE.read_bytes(), _HEADER.read_bytes(), *(p.encode() for p in parts)]))
     cache_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cl_lightning" / "native"
     target = cache_root / f"steps-{key.hexdigest()[:16]}.so"
     if not target.exists():

@@ -1,24 +1,17 @@
 """AdamGnT: Adam with a step count per element, so generate-and-test can reset the state of single units.
 
-After Dohare et al. (2024), ``lop/utils/AdamGnT.py`` (docs/baselines.md §2). Torch's ``Adam``
-keeps one scalar step per tensor, so a replaced unit's row could not restart its bias correction; here every
-element has its own count ``t`` and :meth:`AdamGnT.reset_state` zeroes ``(t, m, v)`` of chosen rows or columns.
+After Dohare et al. (2024), ``lop/utils/AdamGnT.py`` (docs/baselines.md §2, which says which rule the papers ran).
+:meth:`AdamGnT.reset_state` zeroes ``(t, m, v)`` of chosen rows or columns. Update rules (``update_rule``):
 
-Update rules (``update_rule``):
+- ``"corrected"``: Adam with per-element t, ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``,
+  ``p ← p − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε)``; without resets it equals ``torch.optim.Adam`` (tested).
+- ``"reference"``: the snapshot of the authors' code the QOA paper reused, whose update is
+  ``p ← p − lr · (1−β2^t) · m / (√v + ε)`` (shibhansh/loss-of-plasticity#12).
 
-- ``"corrected"`` (default, as the issue asks and as upstream PR #13 fixed it): standard Adam with per-element t,
-  ``m ← β1·m + (1−β1)·g``, ``v ← β2·v + (1−β2)·g²``, ``p ← p − lr · (m / (1−β1^t)) / (√(v / (1−β2^t)) + ε)``.
-  Without resets it equals ``torch.optim.Adam`` (tested).
-- ``"reference"``: the snapshot of the authors' code the QOA paper reused, where the step-size correction
-  ``√(1−β2^t)/(1−β1^t)`` is computed but not assigned and the denominator is divided in place by ``m``, so the
-  update is ``p ← p − lr · (1−β2^t) · m / (√v + ε)`` (shibhansh/loss-of-plasticity#12). Whether the published
-  curves used it is unknown.
-
-Other differences from the reference, all deliberate: the state is created eagerly at construction (final shape,
-so a checkpoint taken before the first step holds it too); the per-element count is stored under the key
-``"element_step"``, not ``"step"``, because torch's ``load_state_dict`` and Lightning's device moves leave any
-``"step"`` entry where it was saved (a CPU tensor next to GPU parameters after a resume); weight decay (coupled L2,
-as the reference) is added to a copy of the gradient instead of to ``p.grad`` in place; no AMSGrad.
+Deliberate differences from the reference: the state is created at construction (a checkpoint taken before the first
+step holds it); the per-element count is stored under ``"element_step"``, not ``"step"``, which torch's
+``load_state_dict`` and Lightning's device moves would leave on the device it was saved from; weight decay (coupled
+L2) is added to a copy of the gradient, not to ``p.grad``; no AMSGrad.
 """
 
 from __future__ import annotations
@@ -107,11 +100,10 @@ def adam_gnt_update(
     one_minus_power: Callable[[Tensor | float, Tensor | None], Tensor] | None = None,
     scratch: tuple[Tensor | None, Tensor | None] = (None, None),
 ) -> None:
-    """One AdamGnT update of ``param`` from ``grad``, in place, ``moments`` its ``(t, m, v)`` and ``hyper``
-    ``(lr, β1, β2, weight_decay, ε)``: the module docstring's formulas, written once for :class:`AdamGnT` and its flat
-    form (:class:`~cl_lightning.nn.optim.FlatAdamGnT`), which passes ``(β1, β2, ε, 1)`` as 0-d tensor ``operands``,
-    its own ``one_minus_power(β, out)`` (``1 − β^t``; default ``1 − β ** t``) and two ``scratch`` tensors to write
-    into (default: new tensors)."""
+    """One AdamGnT update of ``param`` from ``grad`` in place, ``moments`` its ``(t, m, v)``, ``hyper``
+    ``(lr, β1, β2, weight_decay, ε)``: for :class:`AdamGnT` and :class:`~cl_lightning.nn.optim.FlatAdamGnT`, which
+    passes ``(β1, β2, ε, 1)`` as 0-d tensor ``operands``, its own ``one_minus_power(β, out)`` (``1 − β^t``) and two
+    ``scratch`` tensors to write into."""
     lr, beta1, beta2, decay, eps = hyper
     op_beta1, op_beta2, op_eps, one = (beta1, beta2, eps, 1) if operands is None else operands
     t, m, v = moments

@@ -1,10 +1,5 @@
-"""Optimiser implementation choice: the fused (one kernel for all parameters) or multi-tensor form of Adam, and the
-CUDA check every Adam step makes.
-
-PyTorch picks the per-parameter Python loop for Adam on CPU unless told otherwise. On a QOA training step (twelve
-parameter tensors of the 101,901-parameter scorer) the loop took 2.46 ms against 0.25 ms with ``fused=True``
-(about a tenth of the step). The fused kernels compute the same update (same formulas, ``eps`` outside the square
-root); they differ from the loop only in rounding.
+"""Optimiser implementation choice: Adam's fused kernel (one kernel for all parameters) rather than the per-parameter
+loop PyTorch picks on CPU (the same formulas, different rounding), and the CUDA check every Adam step makes.
 """
 
 from __future__ import annotations
@@ -52,13 +47,10 @@ def prefer_fused(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimiz
 def drop_unloadable_nvml_check() -> bool:
     """Unset ``PYTORCH_NVML_BASED_CUDA_CHECK`` when NVML cannot be loaded; ``True`` when it did.
 
-    Importing Lightning sets the variable (so that asking whether CUDA is available does not poison forked
-    workers). Every ``torch.optim`` Adam / AdamW step asks (its graph-capture check calls
-    ``torch.cuda.is_available()``), and with the variable set, a CUDA build of torch on a machine without a driver
-    tries to load ``libnvidia-ml.so.1`` each time, fails, and falls back to the CUDA runtime's device count:
-    about 80-140 µs a step (``benchmarks/nvml_check.py``). Without the variable it asks the runtime directly, whose
-    answer torch caches: the same answer (the fallback is that very call), about 1 µs. Where NVML loads (a GPU
-    machine), the variable is kept. Called once a fit, by :class:`~cl_lightning.learners.ContinualLearner`.
+    Lightning sets the variable; every Adam step then asks ``torch.cuda.is_available()``, and a CUDA build of torch
+    without a driver tries to load ``libnvidia-ml.so.1`` each time before falling back to the CUDA runtime's device
+    count. Without the variable torch asks the runtime directly and caches the (same) answer
+    (``benchmarks/nvml_check.py``). Called once a fit, by :class:`~cl_lightning.learners.ContinualLearner`.
     """
     if os.environ.get(NVML_CHECK) != "1" or not torch.cuda._is_compiled():
         return False

@@ -1,23 +1,12 @@
 """The configured Adam on one flat tensor whose views are the parameters: what the fused steps of
-:mod:`cl_lightning.nn.fused_steps` update with.
-
-- :class:`FlatAdam`: ``torch.optim.Adam`` / ``AdamW``: one call of its fused kernel (``torch._fused_adam_``) when
-  it is fused, else its single-tensor formulas once on the flat tensors;
-- :class:`FlatAdamGnT`: :class:`~cl_lightning.nn.optim.AdamGnT` (a step count per element, both update rules),
-  its formulas once on the flat tensors;
-- :func:`adam_refusal`: why neither reproduces an optimiser (``FlatOptimizer``: either), and
-  :func:`flat_optimizer_type`: which one does;
-- :class:`AdamHyperparameters`: what either is bound to (their ``hyperparameters``), for code that runs the update
-  itself (:mod:`cl_lightning.nn.native`).
+:mod:`cl_lightning.nn.fused_steps` and the native kernel (through :class:`AdamHyperparameters`) update with.
 
 The optimiser's own per-parameter state is kept as views of flat state tensors, so saving, loading and stepping the
 optimiser on its own work unchanged, and :meth:`AdamGnT.reset_state <cl_lightning.nn.optim.AdamGnT.reset_state>`
-(generate-and-test's reset of replaced units) writes into the same storage. The numbers are the optimiser's bit for
-bit (``tests/test_fused_steps.py``): each parameter starts on a 64-byte boundary, where a tensor of its own would; an
-operation whose vectorised loop and scalar tail round differently (the fused kernel; ``pow``, whose vectorised form
-is SLEEF's and differs from ``std::pow`` in the last bit) runs on per-parameter views, so every element falls where
-it would on separate tensors; the rest (``+ − × ÷ √``, ``lerp``, ``addcmul``, ``addcdiv``: the same numbers in either
-loop, as the tests check) runs once on the flat tensors.
+writes into the same storage. The numbers are the optimiser's bit for bit (``tests/test_fused_steps.py``): each
+parameter starts on a 64-byte boundary, where a tensor of its own would; an operation whose vectorised loop and
+scalar tail round differently (the fused kernel; ``pow``, SLEEF's in the vectorised loop) runs on per-parameter views;
+the rest (``+ − × ÷ √``, ``lerp``, ``addcmul``, ``addcdiv``) runs once on the flat tensors.
 """
 
 from __future__ import annotations
@@ -101,12 +90,8 @@ class _FlatState:
 
     @torch.no_grad()
     def _flatten(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
-        """Copy the parameters and their optimiser state into flat tensors and point both at views of them.
-
-        Each parameter starts on a 64-byte boundary (padding between them, which no view reads and the updates leave
-        at zero in the parameters and moments), where a tensor of its own would start: matrix products and
-        vectorised loops then round as on separate tensors.
-        """
+        """Copy the parameters and their optimiser state into flat tensors, 64-byte aligned (the padding stays
+        zero), and point both at views of them."""
         state = optimizer.state
         self.params, self._optimizer = list(params), optimizer
         self._offsets = [0]
@@ -233,13 +218,9 @@ class FlatAdam(_FlatState):
 
 
 class FlatAdamGnT(_FlatState):
-    """:class:`~cl_lightning.nn.optim.AdamGnT` on one flat tensor whose views are the parameters.
-
-    :meth:`bind` (once per batch of steps) makes the parameters and the optimiser's ``element_step`` / ``exp_avg`` /
-    ``exp_avg_sq`` views of flat tensors, adopting whatever values they hold, and reads the hyper-parameters and the
-    update rule; :meth:`update` applies one step from :attr:`grad`, the optimiser's formulas in its order. The step
-    counts are part of the flat state, so :meth:`counts` numbers nothing and :meth:`release` has nothing to write.
-    """
+    """:class:`~cl_lightning.nn.optim.AdamGnT` on one flat tensor whose views are the parameters, bound and stepped
+    as :class:`FlatAdam`; the step counts (``element_step``) are part of the flat state, so :meth:`counts` numbers
+    nothing and :meth:`release` has nothing to write."""
 
     state_keys = ("element_step", "exp_avg", "exp_avg_sq")
 
@@ -302,10 +283,9 @@ def flat_optimizer_type(optimizer: torch.optim.Optimizer) -> type[FlatOptimizer]
 
 
 def scalar_operand(value: float, like: Tensor) -> Tensor | float:
-    """``value`` as the constant operand of an elementwise operation on ``like``: a 0-d tensor of its dtype on the
-    CPU in float32 / float64 / int64, where the operation computes what it does with the Python number (which it
-    casts to that dtype) but skips wrapping the number into a fresh tensor each call (a third to a half of a small
-    operation's cost); the number itself elsewhere (reduced precision and accelerators treat numbers otherwise)."""
+    """``value`` as the constant operand of an elementwise operation on ``like``: on the CPU in float32 / float64 /
+    int64 a 0-d tensor of its dtype (the same result as the Python number, without wrapping it into a fresh tensor
+    each call); the number itself elsewhere (reduced precision and accelerators treat numbers otherwise)."""
     if like.device.type == "cpu" and like.dtype in (torch.float32, torch.float64, torch.int64):
         return torch.tensor(value, dtype=like.dtype)
     return value
