@@ -43,9 +43,7 @@ class KeyCoherenceMonitor(Callback):
             return
         tasks = range(max(0, task - self.window + 1), task + 1)
         with torch.no_grad():
-            keys = [
-                pl_module.read_keys(dm.episode(t, self.queries_per_task).query_x.to(pl_module.device)) for t in tasks
-            ]
+            keys = [pl_module.read_keys(dm.queries(t, self.queries_per_task)[0].to(pl_module.device)) for t in tasks]
         task_ids = torch.cat([torch.full((k.shape[1],), i, device=pl_module.device) for i, k in enumerate(keys)])
         coherence = cross_task_coherence(torch.cat(keys, dim=1)[0], task_ids)
         pl_module.log("fast_weights/key_coherence", coherence, on_step=False, on_epoch=True, batch_size=1)

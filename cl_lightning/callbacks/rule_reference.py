@@ -38,14 +38,11 @@ class RuleReferenceMonitor(Callback):
             return
         batches = list(dm.task_batches(trainer.current_epoch))
         x, y = torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches])  # the task's training examples
-        queries, written = dm.episode(task, dm.eval_queries), dm.written_episode(task)
+        qx, qy = dm.queries(task, dm.eval_queries)
+        written = dm.written_episode(task)
         log = {
-            "reference/least_squares_acc": least_squares_accuracy(
-                x, y, queries.query_x, queries.query_y, dm.num_outputs
-            ),
-            "reference/nearest_pair_acc": nearest_pair_accuracy(
-                written.query_x, written.query_y, queries.query_x, queries.query_y
-            ),
+            "reference/least_squares_acc": least_squares_accuracy(x, y, qx, qy, dm.num_outputs),
+            "reference/nearest_pair_acc": nearest_pair_accuracy(written.query_x, written.query_y, qx, qy),
         }
         for name, value in log.items():
             pl_module.log(name, value.to(pl_module.device), on_step=False, on_epoch=True, batch_size=1)

@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
+from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
@@ -266,6 +267,10 @@ class StreamDataModule(LightningDataModule):
         """Evaluated task ``task``'s episode: the first ``context_size`` training examples as context and the first
         ``num_queries`` held-out queries (all with ``None``), on the CPU."""
         return self.stream.episode(self._stream_task(task), self.context_size, num_queries)
+
+    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+        """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets, on the CPU."""
+        return self.stream.queries(self._stream_task(task), num_queries)
 
     def written_episode(self, task: int) -> Episode:
         """Evaluated task ``task``'s written keys as queries (the stream's

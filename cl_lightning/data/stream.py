@@ -155,14 +155,14 @@ class TaskStream(ABC):
         paper takes it from there; a stream may take others)."""
         return data.train_x[:context_size], data.train_y[:context_size]
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """The evaluation episode of ``task``: the :meth:`context` and the held-out queries, never trained on.
-
-        ``num_queries`` keeps the first queries only (cheaper evaluation).
-        """
+    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``num_queries`` held-out queries of ``task`` (all with ``None``) and their targets."""
         data = self.task(task)
-        n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
-        return Episode(*self.context(data, context_size), data.query_x[:n_q], data.query_y[:n_q])
+        return data.query_x[:num_queries], data.query_y[:num_queries]
+
+    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
+        """The evaluation episode of ``task``: the :meth:`context` and the :meth:`queries`, never trained on."""
+        return Episode(*self.context(self.task(task), context_size), *self.queries(task, num_queries))
 
     def written_episode(self, task: int, context_size: int) -> Episode:
         """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as
