@@ -1,8 +1,4 @@
-"""Memory and time cost of a learner, per task: context-memory bytes and seconds per training step (docs/metrics.md §5).
-
-Parametric attention claims constant memory and per-example cost however long the stream runs; this callback
-measures both for every learner alike, so the claim is a logged curve, not an assertion.
-"""
+"""A learner's memory and time per task: context-memory bytes, seconds per training step (docs/metrics.md §5)."""
 
 from __future__ import annotations
 

@@ -30,9 +30,8 @@ class DivergenceStop(Callback):
     runs before the task's evaluation and before its checkpoint, so the newest checkpoint on disk is the last good
     one. The CLI adds this callback to every run.
 
-    Cost: on the CPU one ``loss.item()`` per step (about 2 us); on an accelerator the finiteness of each step's loss
-    is folded into a device flag (no host synchronisation) read every ``check_every_n_steps`` steps. At each task's
-    end the parameters are checked too (one synchronisation per task).
+    Cost: one ``loss.item()`` per step on the CPU; on an accelerator each step's finiteness is folded into a device
+    flag read every ``check_every_n_steps`` steps, and the parameters are checked at each task's end.
 
     Args:
         check_every_n_steps: Read the flag every this many steps. ``None``: every step on the CPU (exact step in the

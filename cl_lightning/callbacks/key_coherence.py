@@ -1,8 +1,4 @@
-"""The keys' coherence across tasks, logged as the stream goes (the encoder study: docs/results/lifelong_scorecard.md).
-
-A fast-weight state is read and written along keys that a slow encoder makes; when the keys of different tasks
-point the same way, every write reaches the other tasks' reads (:mod:`cl_lightning.metrics.key_coherence`).
-"""
+"""The keys' coherence across tasks (:mod:`cl_lightning.metrics.key_coherence`), logged as the stream goes."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
-"""The P1 probe's references, logged beside the learner's scores (docs/results/lifelong_icl.md §4).
+"""The P1 probe's references (:mod:`cl_lightning.metrics.rule_reference`), logged beside the learner's scores.
 
-The references are not learners: they hold no memory across tasks and nothing of them is trained, so they are
-measured on the stream, like a cost, by a monitor (:mod:`cl_lightning.metrics.rule_reference`): after each evaluated
-task, on that task's own training examples and written keys, read on its held-out (on ``AssociativeRecall(rule=True)``
-unseen) keys. Every run of a suite logs them for its stream and seed, so the report reads them from any of its runs.
+The references are not learners (no memory across tasks, nothing trained), so a monitor measures them on the stream,
+like a cost; every run of a suite logs them for its stream and seed, and the report reads them from any of its runs.
 """
 
 from __future__ import annotations
