@@ -157,16 +157,15 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_tiny_imagenet(root: Path, url: str | None = None, md5: str | None = None, timeout: float = 60.0) -> Path:
+def download_tiny_imagenet(root: Path) -> Path:
     """Download the official ``tiny-imagenet-200.zip`` into ``root``, check its MD5, extract it, delete the zip."""
-    url, md5 = url or TINY_IMAGENET_URL, md5 or TINY_IMAGENET_MD5
     root.mkdir(parents=True, exist_ok=True)
     archive = root / (TINY_IMAGENET_FOLDER + ".zip.part")
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(archive, "wb") as f:
+    with urllib.request.urlopen(TINY_IMAGENET_URL, timeout=60.0) as response, open(archive, "wb") as f:
         shutil.copyfileobj(response, f)
-    if _md5(archive) != md5:
+    if _md5(archive) != TINY_IMAGENET_MD5:
         archive.unlink()
-        raise OSError(f"the archive from {url} is corrupt (MD5 mismatch)")
+        raise OSError(f"the archive from {TINY_IMAGENET_URL} is corrupt (MD5 mismatch)")
     with zipfile.ZipFile(archive) as z:
         z.extractall(root)
     archive.unlink()
