@@ -14,11 +14,9 @@ from cl_lightning.metrics.rule_reference import least_squares_accuracy, nearest_
 
 
 class RuleReferenceMonitor(Callback):
-    """Logs, after each evaluated task, on the task's held-out queries (the data module's ``eval_queries``):
-
-    - ``reference/least_squares_acc``: the least-squares linear map from the task's training examples to their
-      one-hot values;
-    - ``reference/nearest_pair_acc``: the value of the nearest of the task's written keys (1-NN, unbounded).
+    """Logs, after each evaluated task, the two references on the task's held-out queries (the data module's
+    ``eval_queries``): ``reference/least_squares_acc`` (from the task's training examples) and
+    ``reference/nearest_pair_acc`` (from its written keys).
 
     Cost knob: none needed (one ``lstsq`` of the task's examples and one distance matrix per task).
     """

@@ -64,11 +64,8 @@ REVISION = ("revised", "stale")
 
 
 class EpisodeDataset(IterableDataset):
-    """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``.
-
-    Iterable, so Lightning does not shard it under DDP: every rank evaluates every episode and logs the same keys
-    (scores averaged over the ranks), never a key that only another rank has.
-    """
+    """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``; iterable, so
+    Lightning does not shard it under DDP (every rank evaluates every episode)."""
 
     def __init__(
         self, stream: TaskStream, items: list[tuple[int, list[EvalSlot]]], context_size: int, queries: int | None

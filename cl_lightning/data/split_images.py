@@ -5,16 +5,10 @@ uniformly from the first ``num_classes`` classes of the source (draws are indepe
 tasks), relabels the first one 0 and the second 1, and streams ``train_size`` of their training images
 (``train_size / 2`` per class, shuffled together) once in chunks of ``chunk_size``; the task's held-out queries
 are ``query_size / 2`` held-out images per class (Tiny ImageNet: its ``val/`` images; MNIST: its test set). No
-normalisation, no augmentation. Images are ``(C, size, size)`` in [0, 1].
-
-Split Tiny ImageNet at paper size: 200 classes of which 0..198 are drawn (the authors slice off the last one),
-500 training + 50 validation images per class, so all 1,000 training images of the pair in chunks of 10 and the
-100 validation images as queries; 9,000 tasks; 64×64 images resized to 32×32 (PIL bilinear, as torchvision's
-``Resize`` on PIL images). Classes are the ``wnids`` in sorted order (torchvision ``ImageFolder``'s order).
-
-Split MNIST runs the same protocol offline on the MNIST the package ships: 10 digits, training images from the
-60,000 training set, queries from the 10,000 test set, ``(1, 28, 28)`` by default (the shared CNN accepts 28×28:
-1,152 features, as at 32×32).
+normalisation, no augmentation. Images are ``(C, size, size)`` in [0, 1]. The defaults are the paper's Split Tiny
+ImageNet (all 500 + 50 images of each class, 64×64 resized to 32×32 as torchvision's ``Resize`` on PIL images);
+Split MNIST runs the same protocol offline on the shipped MNIST, whose 28×28 images give the shared CNN 1,152
+features, as 32×32 do.
 """
 
 from __future__ import annotations

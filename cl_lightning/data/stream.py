@@ -161,7 +161,6 @@ class TaskStream(ABC):
         return Episode(*self.context(self.task(task), context_size), *self.queries(task, num_queries))
 
     def written_episode(self, task: int, context_size: int) -> Episode:
-        """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as
-        queries, the clean keys the task's examples are noisy copies of, with their values (recall of what was
-        written). Only a stream that writes keys has them (:class:`~cl_lightning.data.AssociativeRecall`)."""
+        """The episode of ``task``'s written keys (the clean keys its examples copy) as queries; only a stream that
+        writes keys has one (:class:`~cl_lightning.data.AssociativeRecall`)."""
         raise ValueError(f"{type(self).__name__} writes no keys: it has no written-keys episode")
