@@ -46,11 +46,6 @@ class DivergenceStop(Callback):
         self._last_checked = 0  # training steps of the run (1-based) checked so far
         self._step = 0  # training steps of the run seen so far
 
-    def _interval(self, pl_module: LightningModule) -> int:
-        if self.check_every_n_steps is not None:
-            return self.check_every_n_steps
-        return 1 if pl_module.device.type == "cpu" else 100
-
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Start the task with a clear flag."""
         self._flag = None
@@ -68,7 +63,8 @@ class DivergenceStop(Callback):
             bad = ~torch.isfinite(loss.detach()).all()
             self._flag = bad if self._flag is None else self._flag | bad
         self._step += 1
-        if self._step - self._last_checked >= self._interval(pl_module):
+        interval = self.check_every_n_steps or (1 if pl_module.device.type == "cpu" else 100)
+        if self._step - self._last_checked >= interval:
             self._check(trainer, pl_module)
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -1,8 +1,5 @@
-"""Stochastic Lanczos quadrature (SLQ) for the Hessian spectral density and effective rank of a large network.
-
-SLQ (Ubaru, Chen & Saad 2017; used for neural-network Hessians by Ghorbani, Krishnan & Xiao 2019 and PyHessian):
-for Rademacher probes z, a few Lanczos steps from z/‖z‖ give a tridiagonal T whose eigen-decomposition is a Gauss
-quadrature rule for the spectral measure of H seen from z, so tr f(H) ≈ (P/num_probes) Σ_l Σ_j τ_j^(l) f(θ_j^(l)).
+"""Stochastic Lanczos quadrature (SLQ; Ubaru, Chen & Saad 2017; for neural-network Hessians Ghorbani, Krishnan & Xiao
+2019 and PyHessian): the Hessian spectral density and effective rank of a large network.
 
 The Lanczos runs are written here (full re-orthogonalisation in float64, tested against ``eigvalsh``): SLQ needs only
 the tridiagonal coefficients of a few short runs, not a dependency such as ``curvlinops-for-pytorch``. The probes run
