@@ -122,8 +122,7 @@ class HessianMonitor(Callback):
         cx, cy, qx, _ = episode
         names = [f"learner.{n}" for n in self.block(pl_module)]
         model = _Episode(pl_module)
-        # SDPA's fused CPU/CUDA kernels have no forward-mode AD (full attention's Hessian failed with "forward AD
-        # with _scaled_dot_product_flash_attention_for_cpu ... not implemented"); the math backend is plain ops
+        # SDPA's fused CPU/CUDA kernels have no forward-mode AD; the math backend is plain ops
         with evaluation_mode(pl_module), torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
             parts = []
             for qx_part, qy_part in self.query_chunks(pl_module, episode):
