@@ -107,8 +107,7 @@ class HessianMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
 
     def block(self, pl_module: ObservedLearner) -> list[str]:
-        """The parameter names differentiated: ``parameters``, else the ``output_layer()``'s (none without one) for
-        ``"exact"`` and every trainable one for ``"lanczos"``."""
+        """The names of the parameter block differentiated (``parameters``' default; none without an output layer)."""
         if self.parameters is not None:
             return list(self.parameters)
         if self.method == "exact":

@@ -240,8 +240,8 @@ class StreamDataModule(LightningDataModule):
         return self.warmup_tasks + task
 
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
-        """Evaluated task ``task``'s episode: the first ``context_size`` training examples as context and the first
-        ``num_queries`` held-out queries (all with ``None``), on the CPU."""
+        """Evaluated task ``task``'s episode: ``context_size`` examples of the stream's :meth:`TaskStream.context` and
+        the first ``num_queries`` held-out queries (all with ``None``), on the CPU."""
         return self.stream.episode(self._stream_task(task), self.context_size, num_queries)
 
     def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:

@@ -13,8 +13,6 @@ a row is skipped. "Final" is always the last row.
 
 With ``lower_is_better=True`` every difference flips sign, so positive BWT / FWT always mean improvement and positive
 forgetting / intransigence always mean harm; ``average_accuracy`` is then the mean error.
-
-``window_means`` smooths a per-task curve (forward, backward score) the way the paper plots it.
 """
 
 import math
