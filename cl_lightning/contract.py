@@ -249,6 +249,11 @@ class EpisodeSource(Protocol):
         queries."""
         ...
 
+    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+        """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets (its episode's, without
+        the context)."""
+        ...
+
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
         """Epoch ``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
         ...

@@ -1,8 +1,4 @@
-"""Memory and time cost of a learner, per task: context-memory bytes and seconds per training step (docs/metrics.md §5).
-
-Parametric attention claims constant memory and per-example cost however long the stream runs; this callback
-measures both for every learner alike, so the claim is a logged curve, not an assertion.
-"""
+"""A learner's memory and time per task: context-memory bytes, seconds per training step (docs/metrics.md §5)."""
 
 from __future__ import annotations
 
@@ -17,21 +13,9 @@ from cl_lightning.memory.accounting import Precision, memory_bytes, stream_row_b
 
 
 class CostMonitor(Callback):
-    """Logs, once per task (at its end):
-
-    - ``memory/context_bytes``: ``pl_module.context_memory_bytes()`` (default: all registered buffers: replay
-      buffer, fast-weight state, counters; learners may override);
-    - ``memory/param_bytes``: bytes of the parameters;
-    - ``memory/budget_bytes``: what a budget study charges (:func:`~cl_lightning.memory.accounting.memory_bytes`:
-      a replay buffer's rows held, at ``row_precision``, or the fast state, plus fixed projections; trained
-      parameters excluded);
-    - ``cost/step_seconds``: mean wall time per training step (chunk; a ``StreamSteps`` batch counts its chunks),
-      from the first step's start to the last step's end (data loading of later chunks included; the evaluation
-      and other callbacks' hooks at the task's start and end excluded); on CUDA one synchronisation at the task's
-      last step makes it count the queued kernels;
-    - ``cost/task_seconds``: that span for the whole task.
-
-    Cost knob: none needed (two clock reads per step and one log per task).
+    """Logs, at each task's end, ``memory/context_bytes``, ``memory/param_bytes``, ``memory/budget_bytes`` (what a
+    budget study charges, :func:`~cl_lightning.memory.accounting.memory_bytes`), ``cost/step_seconds`` and
+    ``cost/task_seconds`` (docs/metrics.md §5: what each counts). Cost knob: none needed (two clock reads per step).
 
     Args:
         row_precision: How ``memory/budget_bytes`` charges a buffer row: as stored (``"stored"``: float32 inputs,

@@ -1,11 +1,4 @@
-"""The accuracy matrix on the probe set and the transfer / forgetting metrics that follow from it, with pictures.
-
-The data module evaluates every probe task after each probe task and the learner logs the scores under
-``metric_key(EvalSlot("matrix", j), m)`` (:mod:`cl_lightning.contract`; ``m`` = ``acc``, or ``mse`` for
-regression); this callback only collects them (nothing is evaluated twice), keeps ``R`` in its state (a resumed
-run restores it), and computes the metrics with the pure functions of :mod:`cl_lightning.metrics.forgetting`
-(definitions and how other libraries differ: there).
-"""
+"""The accuracy matrix on the probe set and the transfer / forgetting metrics that follow from it, with pictures."""
 
 from __future__ import annotations
 
@@ -37,11 +30,12 @@ class ForgettingMonitor(Callback):
     (docs/metrics.md §2: the definitions, their sources and how other libraries differ).
 
     ``R[i, j]`` is the score on probe task ``j`` after training probe task ``i`` (``K × K``; rows and columns are both
-    the probe tasks, the metric functions' ``row_tasks`` / ``col_tasks``), read from ``trainer.callback_metrics`` in
-    ``on_validation_epoch_end`` after each probe task; the metrics are logged on the rows filled so far
-    (``forgetting/{avg,bwt,fwt,forgetting,intransigence}``; ``lower_is_better`` on MSE). ``b`` of FWT is the
-    learner's score at initialisation, measured once at fit start. It also keeps the per-task forward and backward
-    scores for the curves. Tasks are evaluated tasks: warm-up tasks have no row, column or curve point.
+    the probe tasks, the metric functions' ``row_tasks`` / ``col_tasks``). The learner logs it under
+    ``metric_key(EvalSlot("matrix", j), m)``; this callback only reads it from ``trainer.callback_metrics`` after each
+    probe task (nothing is evaluated twice), keeps it in its state (a resumed run restores it) and logs the metrics
+    of :mod:`cl_lightning.metrics.forgetting` on the rows filled so far (``forgetting/*``; ``lower_is_better`` on
+    MSE). ``b`` of FWT is the learner's score at initialisation, measured once at fit start. It also keeps the
+    per-task forward and backward scores for the curves. Tasks are evaluated tasks: warm-up tasks have none.
 
     Cost: ``measure_baseline`` (one pass over the K probe episodes at fit start, the only evaluation this callback
     runs), ``plot`` and ``plot_budget`` (two figures take ~0.5 s of matplotlib, more than everything else here).

@@ -1,14 +1,4 @@
-"""Hessian effective rank of the learner's loss on held-out queries of the current task (docs/metrics.md §4: the
-logged values, the two methods, the cost and memory knobs, the paper's choices).
-
-The loss is the learner's own on an evaluation episode, ``pl_module.loss(pl_module.predict_episode(context_x,
-context_y, query_x), query_y)``, so a support-set learner is measured with its support set as the paper does, and
-it is differentiated with respect to a flat parameter block through ``torch.func.functional_call`` on a thin
-wrapper module (:func:`cl_lightning.metrics.flat_loss`): nothing touches ``.grad``, the optimiser or the weights.
-The spectra are computed in :mod:`cl_lightning.metrics.hessian` (``"exact"``: the dense Hessian of one block from
-vmapped HVPs, float64 ``eigvalsh``) and :mod:`cl_lightning.metrics.slq` (``"lanczos"``: ``eigsh`` and stochastic
-Lanczos quadrature for the whole network).
-"""
+"""Hessian effective rank of the learner's loss on held-out queries of the current task (docs/metrics.md §4)."""
 
 from __future__ import annotations
 
@@ -54,11 +44,13 @@ class HessianMonitor(Callback):
     """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task
     (docs/metrics.md §4: the logged values, the two methods, the cost and memory knobs, the paper's choices).
 
-    After task ``t``'s training portion (``t % every_n_tasks == 0``), in eval mode, on the first ``num_queries``
-    held-out queries of task ``t`` with the episode's context; logged raw under ``hessian/*`` (``hessian/lanczos/*``
-    with ``"lanczos"``, so one monitor of each method can run side by side). A learner or block it cannot measure gets
-    one warning and no scalars, not a failed run; ``query_chunk`` is checked once and falls back to whole episodes,
-    with a warning, for a learner whose queries interact.
+    After task ``t``'s training portion (``t % every_n_tasks == 0``), in eval mode, the learner's own loss on the
+    first ``num_queries`` held-out queries of task ``t`` answered from the episode's context (a support-set learner
+    with its support set, as the paper), differentiated with respect to a flat parameter block through
+    ``torch.func.functional_call`` (:func:`~cl_lightning.metrics.flat_loss`; nothing touches ``.grad``, the optimiser
+    or the weights). Logged raw under ``hessian/*`` (``hessian/lanczos/*`` with ``"lanczos"``, so one monitor of each
+    method can run side by side). A learner or block it cannot measure gets one warning and no scalars, not a failed
+    run.
 
     Args:
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).
@@ -115,8 +107,7 @@ class HessianMonitor(Callback):
         require_contract(trainer, pl_module, type(self).__name__)
 
     def block(self, pl_module: ObservedLearner) -> list[str]:
-        """The parameter names differentiated: ``parameters``, else the ``output_layer()``'s (none without one) for
-        ``"exact"`` and every trainable one for ``"lanczos"``."""
+        """The names of the parameter block differentiated (``parameters``' default; none without an output layer)."""
         if self.parameters is not None:
             return list(self.parameters)
         if self.method == "exact":
@@ -130,8 +121,7 @@ class HessianMonitor(Callback):
         cx, cy, qx, _ = episode
         names = [f"learner.{n}" for n in self.block(pl_module)]
         model = _Episode(pl_module)
-        # SDPA's fused CPU/CUDA kernels have no forward-mode AD (full attention's Hessian failed with "forward AD
-        # with _scaled_dot_product_flash_attention_for_cpu ... not implemented"); the math backend is plain ops
+        # SDPA's fused CPU/CUDA kernels have no forward-mode AD; the math backend is plain ops
         with evaluation_mode(pl_module), torch.enable_grad(), sdpa_kernel(SDPBackend.MATH):
             parts = []
             for qx_part, qy_part in self.query_chunks(pl_module, episode):

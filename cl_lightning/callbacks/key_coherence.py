@@ -1,8 +1,4 @@
-"""The keys' coherence across tasks, logged as the stream goes (the encoder study: docs/results/lifelong_scorecard.md).
-
-A fast-weight state is read and written along keys that a slow encoder makes; when the keys of different tasks
-point the same way, every write reaches the other tasks' reads (:mod:`cl_lightning.metrics.key_coherence`).
-"""
+"""The keys' coherence across tasks (:mod:`cl_lightning.metrics.key_coherence`), logged as the stream goes."""
 
 from __future__ import annotations
 
@@ -43,9 +39,7 @@ class KeyCoherenceMonitor(Callback):
             return
         tasks = range(max(0, task - self.window + 1), task + 1)
         with torch.no_grad():
-            keys = [
-                pl_module.read_keys(dm.episode(t, self.queries_per_task).query_x.to(pl_module.device)) for t in tasks
-            ]
+            keys = [pl_module.read_keys(dm.queries(t, self.queries_per_task)[0].to(pl_module.device)) for t in tasks]
         task_ids = torch.cat([torch.full((k.shape[1],), i, device=pl_module.device) for i, k in enumerate(keys)])
         coherence = cross_task_coherence(torch.cat(keys, dim=1)[0], task_ids)
         pl_module.log("fast_weights/key_coherence", coherence, on_step=False, on_epoch=True, batch_size=1)

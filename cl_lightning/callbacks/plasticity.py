@@ -1,9 +1,6 @@
-"""Plasticity of the representation: dead and dormant units, weight magnitude, feature effective rank and srank.
+"""The loss-of-plasticity measures of the representation (Dohare et al., Nature 2024; docs/metrics.md §3).
 
-The loss-of-plasticity measures of Dohare et al. (Nature 2024; docs/metrics.md §3), taken on a
-fixed probe batch of the *current* task at the start of the task, before training on it (LoP's timing: the first
-inputs of the new permutation). Online accuracy averaged per task, the fourth plasticity measure, is logged by the
-learners themselves (``train/online_acc``).
+The fourth, online accuracy averaged per task, is logged by the learners themselves (``train/online_acc``).
 """
 
 from __future__ import annotations
@@ -32,9 +29,8 @@ from cl_lightning.metrics import (
 def _as_rows(module: nn.Module, out: Tensor) -> Tensor:
     """Features as (rows, units): (…, D) → (N, D); a convolution's (N, C, *spatial) → (N·positions, C).
 
-    Without torch.func wrappers (same values): a learner that adapts functionally (MAML's inner loop under ``grad``)
-    runs its layers inside a transform, where :class:`StridedRows`' in-place writes to its buffer would be refused as
-    mutations of a captured tensor; the hook stores the plain tensor with torch.func disabled.
+    Unwrapped from torch.func (same values): under a learner's functional adaptation (MAML's inner loop) the in-place
+    writes of :class:`StridedRows` would be refused as mutations of a captured tensor.
     """
     while is_functorch_wrapped_tensor(out):
         out = get_unwrapped(out)
@@ -48,10 +44,8 @@ class StridedRows:
 
     Rows whose global index is a multiple of a stride ``s`` are kept; when more than ``2 · max_rows`` would be kept,
     every other one is dropped and ``s`` doubles. :meth:`rows` then takes ``max_rows`` evenly spaced rows of those
-    kept. A stream of at most ``2 · max_rows`` rows keeps them all, so the result is then exactly the evenly spaced
-    ``max_rows`` of the whole stream. The kept rows live in one buffer allocated at the first block: no per-block
-    copies interleaved with the forward pass's activations, which fragmented the heap (+0.15 to +0.5 GB resident
-    after one paper-size probe pass).
+    kept (of the whole stream when it has at most ``2 · max_rows`` rows). One buffer, allocated at the first block,
+    so no per-block copies fragment the heap between the forward pass's activations.
     """
 
     def __init__(self, max_rows: int) -> None:
@@ -89,12 +83,11 @@ class PlasticityMonitor(Callback):
     """Dead / dormant units, weight magnitude and feature ranks of each probed hidden layer, every n tasks
     (docs/metrics.md §3: the logged ``plasticity/*`` values and their definitions).
 
-    At the start of task ``t`` (``t % every_n_tasks == 0``), before any training on it, the learner answers the
-    first ``probe_size`` held-out queries of task ``t`` with ``predict_episode``, in eval mode without gradients (the
-    previous modes are restored). Forward hooks on ``pl_module.probe_layers()`` record each layer's output for that
-    one pass only; nothing is stored on the module. Features are ``activation(output)``: the package's nets apply
-    ReLU after their hidden ``nn.Linear`` layers functionally, so the Linear outputs are pre-activations. Cost: one
-    forward pass of ``probe_size`` queries and one SVD of at most ``max_rows × units`` per layer per measurement.
+    At the start of task ``t`` (``t % every_n_tasks == 0``), before any training on it (LoP's timing), the learner
+    answers the first ``probe_size`` held-out queries of task ``t`` with ``predict_episode`` in eval mode; forward
+    hooks on ``pl_module.probe_layers()`` record each layer's output for that one pass. Features are
+    ``activation(output)``: the package's nets apply ReLU after their hidden ``nn.Linear`` layers functionally, so the
+    Linear outputs are pre-activations. Cost: one forward pass and one SVD of at most ``max_rows × units`` per layer.
 
     Args:
         every_n_tasks: Measure at the start of every n-th evaluated task (task 0 included; warm-up tasks never).
@@ -124,11 +117,8 @@ class PlasticityMonitor(Callback):
         self._warned = False
 
     def features(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
-        """Each probed layer's features on one ``predict_episode`` pass: ``{name: (rows, units)}``.
-
-        Rows are subsampled as they stream out of each layer (:class:`StridedRows`), so a pair scorer's 500,000
-        query–support rows per layer never sit in memory together (they took 1.8 GB over 9 layers).
-        """
+        """Each probed layer's features on one ``predict_episode`` pass: ``{name: (rows, units)}``, subsampled as
+        they stream out (:class:`StridedRows`): a pair scorer's query–support rows never sit in memory together."""
         captured: dict[str, StridedRows] = {}
 
         def hook(name: str) -> Callable[[nn.Module, Any, Tensor], None]:

@@ -37,11 +37,8 @@ def due_task(trainer: Trainer, every_n_tasks: int) -> int | None:
 
 
 def probe_episode(trainer: Trainer, pl_module: ObservedLearner, task: int, num_queries: int | None) -> list[Tensor]:
-    """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode, on the learner's device.
-
-    The context is the data module's (the first ``context_size`` training examples of the task, what a support-set
-    learner answers from); the queries are the first ``num_queries`` held-out ones, never trained on.
-    """
+    """``[context_x, context_y, query_x, query_y]`` of ``task``'s evaluation episode with its first ``num_queries``
+    queries, on the learner's device."""
     source: EpisodeSource = trainer.datamodule
     return [t.to(pl_module.device) for t in source.episode(task, num_queries)]
 

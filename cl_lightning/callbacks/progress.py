@@ -13,8 +13,8 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 class TaskProgressBar(TQDMProgressBar):
     """Lightning's tqdm bar, labelled by task, with an ETA for the remaining tasks from the mean task time.
 
-    Redraws are throttled by time as well as by count: a chunk-1 stream (slowly changing regression) takes a
-    step every millisecond or so, and redrawing the bar on each one cost ~10 % of the run.
+    Redraws are throttled by time as well as by count: a chunk-1 stream (slowly changing regression) steps about
+    every millisecond.
 
     Args:
         refresh_rate: Update the bar at most every this many chunks.

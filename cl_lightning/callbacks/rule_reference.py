@@ -1,9 +1,7 @@
-"""The P1 probe's references, logged beside the learner's scores (docs/results/lifelong_icl.md §4).
+"""The P1 probe's references (:mod:`cl_lightning.metrics.rule_reference`), logged beside the learner's scores.
 
-The references are not learners: they hold no memory across tasks and nothing of them is trained, so they are
-measured on the stream, like a cost, by a monitor (:mod:`cl_lightning.metrics.rule_reference`): after each evaluated
-task, on that task's own training examples and written keys, read on its held-out (on ``AssociativeRecall(rule=True)``
-unseen) keys. Every run of a suite logs them for its stream and seed, so the report reads them from any of its runs.
+The references are not learners (no memory across tasks, nothing trained), so a monitor measures them on the stream,
+like a cost; every run of a suite logs them for its stream and seed, and the report reads them from any of its runs.
 """
 
 from __future__ import annotations
@@ -16,11 +14,9 @@ from cl_lightning.metrics.rule_reference import least_squares_accuracy, nearest_
 
 
 class RuleReferenceMonitor(Callback):
-    """Logs, after each evaluated task, on the task's held-out queries (the data module's ``eval_queries``):
-
-    - ``reference/least_squares_acc``: the least-squares linear map from the task's training examples to their
-      one-hot values;
-    - ``reference/nearest_pair_acc``: the value of the nearest of the task's written keys (1-NN, unbounded).
+    """Logs, after each evaluated task, the two references on the task's held-out queries (the data module's
+    ``eval_queries``): ``reference/least_squares_acc`` (from the task's training examples) and
+    ``reference/nearest_pair_acc`` (from its written keys).
 
     Cost knob: none needed (one ``lstsq`` of the task's examples and one distance matrix per task).
     """
@@ -38,14 +34,11 @@ class RuleReferenceMonitor(Callback):
             return
         batches = list(dm.task_batches(trainer.current_epoch))
         x, y = torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches])  # the task's training examples
-        queries, written = dm.episode(task, dm.eval_queries), dm.written_episode(task)
+        qx, qy = dm.queries(task, dm.eval_queries)
+        written = dm.written_episode(task)
         log = {
-            "reference/least_squares_acc": least_squares_accuracy(
-                x, y, queries.query_x, queries.query_y, dm.num_outputs
-            ),
-            "reference/nearest_pair_acc": nearest_pair_accuracy(
-                written.query_x, written.query_y, queries.query_x, queries.query_y
-            ),
+            "reference/least_squares_acc": least_squares_accuracy(x, y, qx, qy, dm.num_outputs),
+            "reference/nearest_pair_acc": nearest_pair_accuracy(written.query_x, written.query_y, qx, qy),
         }
         for name, value in log.items():
             pl_module.log(name, value.to(pl_module.device), on_step=False, on_epoch=True, batch_size=1)

@@ -1,6 +1,5 @@
 """Task streams (benchmarks) and the one data module."""
 
-from cl_lightning.contract import Episode, StreamBatch
 from cl_lightning.data.associative_recall import AssociativeRecall
 from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.data.permuted_mnist import PermutedMNIST
@@ -11,13 +10,11 @@ from cl_lightning.data.synthetic import SyntheticClasses
 
 __all__ = [
     "AssociativeRecall",
-    "Episode",
     "PermutedMNIST",
     "SlowlyChangingRegression",
     "SplitImages",
     "SplitMNIST",
     "SplitTinyImageNet",
-    "StreamBatch",
     "StreamDataModule",
     "SyntheticClasses",
     "TaskData",

@@ -11,12 +11,11 @@ copies of the same items.
 
 So recall of task t - L's queries from a learner's memory after task t measures what it kept of associations that
 were last seen L tasks ago: at ``change_fraction = 1`` every association of task t - L retired L tasks ago
-(L * num_items newer ones were written since); at smaller fractions a share min(1, L / p) of them has. Chance is
-1 / num_classes. Everything is regenerated from ``(seed, task)``: an item is a pure function of (seed, slot, the task
-at which the slot was last renewed).
+(L * num_items newer ones were written since); at smaller fractions a share min(1, L / p) of them has. An item is a
+pure function of (seed, slot, the task at which the slot was last renewed).
 
-Two variants make the stream *reuse* keys, the case where the paper's first open question (regularising the online
-objective: forget gates, weight decay, several heads) should pay (issue 24):
+Two variants *reuse* keys, where the paper's first open question (regularising the online objective: forget gates,
+weight decay, several heads) should pay:
 
 - ``revise=True`` (partial revision): a renewed slot keeps its key and only gets a new value, different from its
   previous one (value = (a_j + n d_j) mod num_classes at the slot's n-th renewal, d_j in [1, num_classes)); the old
@@ -24,7 +23,7 @@ objective: forget gates, weight decay, several heads) should pay (issue 24):
 - ``recur_every=k`` (recurring maps): task t shows the map of task t mod k (fresh noisy copies), so every map
   returns after k tasks.
 
-One variant probes whether a memory holds *concepts*, not only pairs (the paper's property P1; issue 24):
+One variant probes whether a memory holds *concepts*, not only pairs (the paper's property P1):
 
 - ``rule=True``: a task's values follow a rule, value = argmax(A_t key) for a random linear map A_t drawn per
   (map) task, and its held-out queries are *fresh* keys of the same distribution, never written, labelled by the

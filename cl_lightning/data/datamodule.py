@@ -2,35 +2,14 @@
 
 Training: epoch ``t`` is task ``t``'s training portion in arrival order, one chunk per batch, each example once.
 Under DDP every chunk is split across the W ranks in equal shares: rank r takes examples r, r + W, … of the chunk's
-first ``W · ⌊B / W⌋`` (the last ``B mod W`` examples of a chunk, fewer than W, are dropped, as
-``DistributedSampler(drop_last=True)`` does). Equal shares keep the ranks in lockstep: every rank's replay buffer
-holds as many examples as every other's, so a learner that waits for its memory to fill starts stepping on the
-same chunk on every rank (a rank that stepped alone would wait forever for the others' gradients). Every rank
-evaluates every episode (the learner's scores are averaged over the ranks), so every rank logs the same keys.
-Evaluation after task ``t`` (docs/protocol.md §3):
+first ``W · ⌊B / W⌋`` (as ``DistributedSampler(drop_last=True)`` does). Equal shares keep the ranks in lockstep: every
+rank's replay buffer fills on the same chunk, so no rank steps alone and waits forever for the others' gradients.
+Every rank evaluates every episode (the learner's scores are averaged over the ranks) and so logs the same keys.
 
-- **forward** and **backward**: the episodes of task ``t`` and of task ``t − backward_lag`` (several lags: the mean);
-- **lags** (optional, ``lags``): the episode of task ``t − L`` for each lag L, each logged under its own name
-  (``eval/backward_acc/lag_L``), after every task or after the last ``lag_tasks`` only: live recall at several
-  lags in one run (a budget study's lags 1, 5 and 20, with ``context_size: 0`` so the learner answers from its
-  own memory);
-- **written / unseen** (optional, ``recall_probe_from``): after each evaluated task from that one on, the task's
-  written keys (the stream's :meth:`~cl_lightning.data.stream.TaskStream.written_episode`: the clean keys its
-  examples copy, ``eval/written_acc``) and its held-out queries again (``eval/unseen_acc``: on
-  ``AssociativeRecall(rule=True)`` fresh keys of the task's rule, never written), each under its own name: the P1
-  probe (does the memory hold the rule, or only the pairs?), read from memory with ``context_size: 0``;
-- **returns** (optional, ``returns``, on a stream whose maps recur every k tasks, ``stream.recur_every``): the
-  episode of task ``t + 1``, the next map, scored *before* it is shown, under ``eval/return_{acc,mse}/visit_n``
-  where n is the times its map was shown before (0: not yet seen; 1: its first return…): what the learner kept of
-  a returning map;
-- **revisions** (optional, ``revisions``, on a stream that revises values, ``stream.revise``): the current task's
-  queries of the keys revised at this task, against their new value (``eval/revised_{m}``) and their old one
-  (``eval/stale_{m}``: the share still answered with the old value), after every task but the stream's first;
-- **accuracy matrix**: after each of the ``num_probe_tasks`` probe tasks, the episodes of every probe task.
-
-Warm-up tasks (the stream's ``warmup_tasks`` = W) train in epochs ``0..W−1`` and evaluate nothing; everything about
-evaluation counts the **evaluated** tasks from 0 (evaluated task ``e`` is stream task ``W + e``, docs/protocol.md §2),
-and :meth:`StreamDataModule.evaluated_task` is the one translation.
+Evaluation after task ``t``: forward (task ``t``), backward (task ``t − backward_lag``), the accuracy matrix after
+each probe task, and the lifelong studies' optional slots (``lags``, ``recall_probe_from``, ``returns``,
+``revisions``: docs/protocol.md §3). Warm-up epochs evaluate nothing and evaluation numbers the evaluated tasks from
+0; :meth:`StreamDataModule.evaluated_task` is the one translation (docs/protocol.md §2).
 """
 
 from __future__ import annotations
@@ -40,6 +19,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
+from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
 from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
@@ -84,11 +64,8 @@ REVISION = ("revised", "stale")
 
 
 class EpisodeDataset(IterableDataset):
-    """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``.
-
-    Iterable, so Lightning does not shard it under DDP: every rank evaluates every episode and logs the same keys
-    (scores averaged over the ranks), never a key that only another rank has.
-    """
+    """The evaluation episodes, one per item: ``(evaluated task, slots its score is logged under)``; iterable, so
+    Lightning does not shard it under DDP (every rank evaluates every episode)."""
 
     def __init__(
         self, stream: TaskStream, items: list[tuple[int, list[EvalSlot]]], context_size: int, queries: int | None
@@ -263,9 +240,13 @@ class StreamDataModule(LightningDataModule):
         return self.warmup_tasks + task
 
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
-        """Evaluated task ``task``'s episode: the first ``context_size`` training examples as context and the first
-        ``num_queries`` held-out queries (all with ``None``), on the CPU."""
+        """Evaluated task ``task``'s episode: ``context_size`` examples of the stream's :meth:`TaskStream.context` and
+        the first ``num_queries`` held-out queries (all with ``None``), on the CPU."""
         return self.stream.episode(self._stream_task(task), self.context_size, num_queries)
+
+    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+        """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets, on the CPU."""
+        return self.stream.queries(self._stream_task(task), num_queries)
 
     def written_episode(self, task: int) -> Episode:
         """Evaluated task ``task``'s written keys as queries (the stream's

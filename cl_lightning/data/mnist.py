@@ -24,11 +24,8 @@ def packaged_mnist_dir() -> Path:
 
 
 def read_idx(path: Path) -> np.ndarray:
-    """Read one IDX file (gzip-compressed or plain) into a writable numpy array of its declared shape.
-
-    The payload is decompressed straight into the array (no intermediate ``bytes`` object and no copy), so loading
-    the 47 MB of training images holds them once.
-    """
+    """Read one IDX file (gzip-compressed or plain) into a writable numpy array of its declared shape, decompressed
+    straight into the array (no intermediate copy)."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:

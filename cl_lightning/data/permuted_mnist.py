@@ -3,9 +3,6 @@
 MNIST training images resized to ``image_size``² (7×7 by default, PIL-style bilinear) in [0, 1], flattened; each
 task draws a new pixel permutation and a new order of the 60,000 images: the first ``train_size`` form the
 training stream (chunks of ``chunk_size``), the last ``query_size`` are held out as that task's queries.
-
-With ``recur_every=k`` the permutations recur (issue 24: a stream whose old tasks return): task t uses the
-permutation of task t mod k, with its own fresh draw of images, so an old task comes back every k tasks.
 """
 
 from __future__ import annotations

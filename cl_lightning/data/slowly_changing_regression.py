@@ -11,14 +11,12 @@ with m = 20 inputs, 100 hidden linear-threshold units, β = 0.7 and every weight
 uniformly from {−1, +1}. ``S_k`` follows the reference code (including its ``+ b_k``), not the prose, so targets
 match the reference bit for bit given the same weights. No noise is added.
 
-A task is one block of ``train_size + query_size`` consecutive stream steps (paper: 10,000). Drift at each task
-boundary: by default all 15 slow bits are redrawn uniformly (``prob.json`` of both codebases leaves
-``flip_one`` unset, so False); ``drift: flip_one`` toggles exactly one random slow bit instead (Dohare's
-``flip_one_prob.json`` variant, the one his Extended Data Fig. 2 describes). The first ``train_size`` steps
-(9,000) are streamed for training in arrival order, one example per chunk; the last ``query_size`` (1,000) are
-held out. The evaluation context of a task is the ``context_size`` steps just before its held-out block (paper:
-100), i.e. the end of its training portion. The authors' five warm-up tasks are the ``warmup_tasks`` option
-(docs/protocol.md §2; configs/suites/scr_cpu.yaml takes 5).
+A task is one block of ``train_size + query_size`` consecutive stream steps (paper: 9,000 trained one per chunk,
+then 1,000 held out; the evaluation context is the last ``context_size`` training steps, paper: 100). Drift at each
+task boundary: by default all 15 slow bits are redrawn uniformly (``prob.json`` of both codebases leaves ``flip_one``
+unset, so False); ``drift: flip_one`` toggles exactly one random slow bit instead (Dohare's ``flip_one_prob.json``
+variant, the one his Extended Data Fig. 2 describes). The authors' five warm-up tasks are the ``warmup_tasks``
+option (docs/protocol.md §2).
 """
 
 from __future__ import annotations
@@ -77,8 +75,7 @@ class SlowlyChangingRegression(TaskStream):
         warmup_tasks: The first tasks, trained on all ``train_size + query_size`` points in arrival order and never
             evaluated (paper: 5, each on all 10,000 points; default 0).
         cache_tasks: Generated tasks kept in memory (LRU; 0.8 MB each at paper size). An evaluation reads the current
-            task and the five before it (the backward lags), so 8 generates each task about once; with 2 a task
-            was regenerated about 10 times (12 ms each).
+            task and the five before it (the backward lags), so 8 generates each task about once.
     """
 
     task_type = "regression"

@@ -5,16 +5,10 @@ uniformly from the first ``num_classes`` classes of the source (draws are indepe
 tasks), relabels the first one 0 and the second 1, and streams ``train_size`` of their training images
 (``train_size / 2`` per class, shuffled together) once in chunks of ``chunk_size``; the task's held-out queries
 are ``query_size / 2`` held-out images per class (Tiny ImageNet: its ``val/`` images; MNIST: its test set). No
-normalisation, no augmentation. Images are ``(C, size, size)`` in [0, 1].
-
-Split Tiny ImageNet at paper size: 200 classes of which 0..198 are drawn (the authors slice off the last one),
-500 training + 50 validation images per class, so all 1,000 training images of the pair in chunks of 10 and the
-100 validation images as queries; 9,000 tasks; 64×64 images resized to 32×32 (PIL bilinear, as torchvision's
-``Resize`` on PIL images). Classes are the ``wnids`` in sorted order (torchvision ``ImageFolder``'s order).
-
-Split MNIST runs the same protocol offline on the MNIST the package ships: 10 digits, training images from the
-60,000 training set, queries from the 10,000 test set, ``(1, 28, 28)`` by default (the shared CNN accepts 28×28:
-1,152 features, as at 32×32).
+normalisation, no augmentation. Images are ``(C, size, size)`` in [0, 1]. The defaults are the paper's Split Tiny
+ImageNet (all 500 + 50 images of each class, 64×64 resized to 32×32 as torchvision's ``Resize`` on PIL images);
+Split MNIST runs the same protocol offline on the shipped MNIST, whose 28×28 images give the shared CNN 1,152
+features, as 32×32 do.
 """
 
 from __future__ import annotations
@@ -157,16 +151,15 @@ def _md5(path: Path) -> str:
     return digest.hexdigest()
 
 
-def download_tiny_imagenet(root: Path, url: str | None = None, md5: str | None = None, timeout: float = 60.0) -> Path:
+def download_tiny_imagenet(root: Path) -> Path:
     """Download the official ``tiny-imagenet-200.zip`` into ``root``, check its MD5, extract it, delete the zip."""
-    url, md5 = url or TINY_IMAGENET_URL, md5 or TINY_IMAGENET_MD5
     root.mkdir(parents=True, exist_ok=True)
     archive = root / (TINY_IMAGENET_FOLDER + ".zip.part")
-    with urllib.request.urlopen(url, timeout=timeout) as response, open(archive, "wb") as f:
+    with urllib.request.urlopen(TINY_IMAGENET_URL, timeout=60.0) as response, open(archive, "wb") as f:
         shutil.copyfileobj(response, f)
-    if _md5(archive) != md5:
+    if _md5(archive) != TINY_IMAGENET_MD5:
         archive.unlink()
-        raise OSError(f"the archive from {url} is corrupt (MD5 mismatch)")
+        raise OSError(f"the archive from {TINY_IMAGENET_URL} is corrupt (MD5 mismatch)")
     with zipfile.ZipFile(archive) as z:
         z.extractall(root)
     archive.unlink()

@@ -57,9 +57,8 @@ class TaskStream(ABC):
         query_size: Held-out queries per task.
         chunk_size: Examples per training chunk (one learner step per chunk), at most ``train_size``.
         seed: Seed of the stream; task ``t`` is a pure function of ``(seed, t)``.
-        cache_tasks: How many generated tasks to keep in memory (LRU). Within a task the stream reads the current
-            task and the backward episode's; other tasks (probe rows) are regenerated, ~20 ms for a paper-size
-            Permuted MNIST task, which holds 12 MB.
+        cache_tasks: Generated tasks kept in memory (LRU): within a task the stream reads the current task and the
+            backward episode's; others (probe rows) are regenerated.
         warmup_tasks: The first tasks that train on all their data (held-out queries included) and are never
             evaluated (paper: 5; default 0). At least one task must remain to evaluate.
         recur_every: If set, task ``t`` shows the map (permutation, key -> value map) of task ``t mod recur_every``,
@@ -111,11 +110,8 @@ class TaskStream(ABC):
         """Fetch or check the data on disk (called once, on rank 0); the default has nothing to fetch."""
 
     def task(self, task: int) -> TaskData:
-        """Task ``task``, generated on first use and kept in a small LRU cache.
-
-        A warm-up task's training portion is its whole data: the generated training portion, then its held-out
-        queries (which it also keeps as queries).
-        """
+        """Task ``task``, generated on first use and kept in a small LRU cache (a warm-up task's training portion is
+        followed by its held-out queries, which it also keeps as queries)."""
         if not 0 <= task < self.num_tasks:
             raise IndexError(f"task {task} outside the stream's 0..{self.num_tasks - 1}")
         if task in self._cache:
@@ -155,17 +151,16 @@ class TaskStream(ABC):
         paper takes it from there; a stream may take others)."""
         return data.train_x[:context_size], data.train_y[:context_size]
 
-    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
-        """The evaluation episode of ``task``: the :meth:`context` and the held-out queries, never trained on.
-
-        ``num_queries`` keeps the first queries only (cheaper evaluation).
-        """
+    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+        """The first ``num_queries`` held-out queries of ``task`` (all with ``None``) and their targets."""
         data = self.task(task)
-        n_q = data.query_x.shape[0] if num_queries is None else min(num_queries, data.query_x.shape[0])
-        return Episode(*self.context(data, context_size), data.query_x[:n_q], data.query_y[:n_q])
+        return data.query_x[:num_queries], data.query_y[:num_queries]
+
+    def episode(self, task: int, context_size: int, num_queries: int | None = None) -> Episode:
+        """The evaluation episode of ``task``: the :meth:`context` and the :meth:`queries`, never trained on."""
+        return Episode(*self.context(self.task(task), context_size), *self.queries(task, num_queries))
 
     def written_episode(self, task: int, context_size: int) -> Episode:
-        """The episode of ``task``'s written keys: the first ``context_size`` training examples as context and, as
-        queries, the clean keys the task's examples are noisy copies of, with their values (recall of what was
-        written). Only a stream that writes keys has them (:class:`~cl_lightning.data.AssociativeRecall`)."""
+        """The episode of ``task``'s written keys (the clean keys its examples copy) as queries; only a stream that
+        writes keys has one (:class:`~cl_lightning.data.AssociativeRecall`)."""
         raise ValueError(f"{type(self).__name__} writes no keys: it has no written-keys episode")

@@ -19,15 +19,12 @@ def _per_unit_mean_abs(acts: Tensor) -> Tensor:
 
 
 def dead_unit_fraction(acts: Tensor) -> Tensor:
-    """Fraction of units whose output is exactly zero on every probe input.
+    """Fraction of units whose output is exactly zero on every probe input, a float64 scalar in [0, 1].
 
     The loss-of-plasticity Permuted-MNIST definition (Dohare et al. 2024): unit u is dead when Σ_n |h_u(x_n)| = 0.
 
     Args:
         acts: (N, U) or (N, C, *spatial) activations on a fixed probe batch.
-
-    Returns:
-        Scalar float64 tensor in [0, 1].
 
     >>> dead_unit_fraction(torch.tensor([[0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])).item()
     0.5
@@ -36,7 +33,7 @@ def dead_unit_fraction(acts: Tensor) -> Tensor:
 
 
 def dormant_unit_fraction(acts: Tensor, tau: float = 0.0) -> Tensor:
-    """Fraction of τ-dormant units (Sokar et al. 2023, "The Dormant Neuron Phenomenon in Deep RL").
+    """Fraction of τ-dormant units (Sokar et al. 2023, "The Dormant Neuron Phenomenon in Deep RL"), in [0, 1].
 
     s_u = E_x|h_u(x)| / ((1/U) Σ_k E_x|h_k(x)|); unit u is τ-dormant when s_u ≤ τ (Sokar's inequality is
     non-strict, so τ = 0 counts exactly the dead units). A layer with all-zero activations is fully dormant.
@@ -44,9 +41,6 @@ def dormant_unit_fraction(acts: Tensor, tau: float = 0.0) -> Tensor:
     Args:
         acts: (N, U) or (N, C, *spatial) activations on a fixed probe batch.
         tau: dormancy threshold on the normalised score (Sokar et al. use 0 to 0.1).
-
-    Returns:
-        Scalar float64 tensor in [0, 1].
 
     >>> dormant_unit_fraction(torch.tensor([[0.1, 1.0, 3.0, 0.0], [0.1, 1.0, 3.0, 0.0]]), tau=0.1).item()
     0.5
@@ -59,7 +53,7 @@ def dormant_unit_fraction(acts: Tensor, tau: float = 0.0) -> Tensor:
 
 
 def weight_magnitude(params: Iterable[Tensor], reduction: Literal["mean", "sum"] = "mean") -> Tensor:
-    """Average (or total) absolute parameter value.
+    """Average (or total) absolute parameter value, a float64 scalar.
 
     ``mean``: Σ|p| / #p over all given tensors (LoP's incremental-CIFAR form; pass only the weight matrices for the
     Permuted-MNIST form, which is Σ|W| over the Linear weights divided by their count). ``sum``: Σ|p|.
@@ -67,9 +61,6 @@ def weight_magnitude(params: Iterable[Tensor], reduction: Literal["mean", "sum"]
     Args:
         params: tensors to pool, e.g. ``model.parameters()``.
         reduction: ``"mean"`` or ``"sum"``.
-
-    Returns:
-        Scalar float64 tensor.
 
     >>> weight_magnitude([torch.tensor([1.0, -3.0]), torch.tensor([[0.0, 4.0]])]).item()
     2.0

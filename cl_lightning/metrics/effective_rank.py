@@ -17,7 +17,7 @@ def _check_spectrum(values: Tensor) -> Tensor:
 
 
 def entropy_effective_rank(values: Tensor) -> Tensor:
-    """Entropy effective rank of a non-negative spectrum (Roy & Vetterli 2007).
+    """Entropy effective rank of a non-negative spectrum (Roy & Vetterli 2007), a float64 scalar.
 
     p_k = v_k / Σ_i v_i, H = −Σ_{p_k > 0} p_k ln p_k (0 ln 0 := 0), erank = exp(H) ∈ [1, #nonzero]. Applied to the
     singular values of a matrix this is Roy & Vetterli's effective rank; applied to Hessian eigenvalues it is the
@@ -25,9 +25,6 @@ def entropy_effective_rank(values: Tensor) -> Tensor:
 
     Args:
         values: (Q,) non-negative values (singular values or |eigenvalues|).
-
-    Returns:
-        Scalar float64 tensor.
 
     >>> round(entropy_effective_rank(torch.tensor([1.0, 1.0, 0.0, 1.0])).item(), 6)
     3.0
@@ -42,13 +39,11 @@ def entropy_effective_rank(values: Tensor) -> Tensor:
 
 
 def effective_rank(x: Tensor) -> Tensor:
-    """Effective rank of a matrix (Roy & Vetterli 2007): entropy effective rank of its singular values.
+    """Effective rank of a matrix (Roy & Vetterli 2007): entropy effective rank of its singular values, a float64
+    scalar in [1, min(N, D)] (0 for the zero matrix).
 
     Args:
         x: (N, D) matrix, e.g. activations of N probe inputs on D units.
-
-    Returns:
-        Scalar float64 tensor in [1, min(N, D)] (0 for the zero matrix).
 
     >>> round(effective_rank(torch.eye(4)).item(), 6)
     4.0
@@ -58,7 +53,7 @@ def effective_rank(x: Tensor) -> Tensor:
 
 
 def srank(values: Tensor, delta: float = 0.01) -> Tensor:
-    """srank_δ (Kumar et al. 2021, "Implicit Under-Parameterization"), on unsquared values.
+    """srank_δ (Kumar et al. 2021, "Implicit Under-Parameterization"), on unsquared values, an int64 scalar.
 
     srank_δ = min{k : Σ_{i≤k} σ_(i) ≥ (1 − δ) Σ_i σ_i} with σ sorted in descending order. This equals the LoP
     code's ``abs_approximate_rank`` and its CIFAR "stable rank". For a Hessian pass |λ|.
@@ -66,9 +61,6 @@ def srank(values: Tensor, delta: float = 0.01) -> Tensor:
     Args:
         values: (Q,) non-negative values (singular values or |eigenvalues|).
         delta: fraction of the total mass that may be left out.
-
-    Returns:
-        Scalar int64 tensor.
 
     >>> srank(torch.tensor([10.0, 1.0, 0.5])).item()
     3

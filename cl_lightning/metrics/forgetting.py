@@ -13,8 +13,6 @@ a row is skipped. "Final" is always the last row.
 
 With ``lower_is_better=True`` every difference flips sign, so positive BWT / FWT always mean improvement and positive
 forgetting / intransigence always mean harm; ``average_accuracy`` is then the mean error.
-
-``window_means`` smooths a per-task curve (forward, backward score) the way the paper plots it.
 """
 
 import math
@@ -74,9 +72,6 @@ def average_accuracy(
     Args:
         matrix, row_tasks, col_tasks: The accuracy matrix R and its layout (module docstring).
 
-    Returns:
-        The average accuracy.
-
     >>> average_accuracy([[0.9, 0.1], [0.7, 0.8]])
     0.75
     """
@@ -94,13 +89,10 @@ def backward_transfer(
 
     BWT = 1/(T−1) Σ_{j < final task} (R[final, j] − R[row(j), j]), where ``row(j)`` is the row measured just after
     training task ``j``. Negative means forgetting (other libraries: docs/metrics.md §2). With ``lower_is_better``
-    the difference is negated.
+    the difference is negated. NaN when no earlier task has both cells.
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
-
-    Returns:
-        The backward transfer (NaN when no earlier task has both cells).
 
     >>> round(backward_transfer([[0.9, 0.1], [0.7, 0.8]]), 6)
     -0.2
@@ -122,15 +114,12 @@ def forward_transfer(
 
     FWT = 1/(T−1) Σ_{j=2}^{T} (R[before(j), j] − b_j), with ``before(j)`` the last row measured before training task
     ``j`` (``j−1`` for a full matrix) and ``b_j`` the accuracy on task ``j`` of the randomly initialised model. Only
-    tasks trained by the final row count. Other libraries choose b differently (docs/metrics.md §2; Continuum's
-    FWT: pass zeros).
+    tasks trained by the final row count; NaN when no task has a row before it. Other libraries choose b differently
+    (docs/metrics.md §2; Continuum's FWT: pass zeros).
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
         b: (T_cols,) accuracy of the random-init model on each column's task (errors with ``lower_is_better``).
-
-    Returns:
-        The forward transfer (NaN when no task has a row before it).
 
     >>> round(forward_transfer([[0.9, 0.3], [0.7, 0.8]], b=[0.1, 0.1]), 6)
     0.2
@@ -154,13 +143,10 @@ def forgetting(
     f_j = max_{l} R[l, j] − R[final, j] for tasks j trained before the final row, the max running over the rows
     measured after training task j and before the final row; F = mean_j f_j. Rows before task j is trained are not
     "knowledge gained" and are excluded (Avalanche and Mammoth differ: docs/metrics.md §2). With
-    ``lower_is_better``: f_j = R[final, j] − min_l R[l, j].
+    ``lower_is_better``: f_j = R[final, j] − min_l R[l, j]. NaN when no task qualifies.
 
     Args:
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
-
-    Returns:
-        The average forgetting (NaN when no task qualifies).
 
     >>> round(forgetting([[0.9, 0.1, 0.1], [0.6, 0.8, 0.1], [0.7, 0.5, 0.9]]), 6)
     0.25
@@ -194,9 +180,6 @@ def intransigence(
         matrix, row_tasks, col_tasks, lower_is_better: The accuracy matrix R and its layout (module docstring).
         reference: (T_cols,) reference accuracy a* on each column's task (errors with ``lower_is_better``).
         task: return I_k for this task id only.
-
-    Returns:
-        The (mean) intransigence.
 
     >>> round(intransigence([[0.9, 0.1], [0.7, 0.8]], reference=[0.95, 0.95]), 6)
     0.1

@@ -65,14 +65,12 @@ def flat_loss(
 
 
 def exact_hessian(loss_fn: Callable[[Tensor], Tensor], params: Tensor) -> Tensor:
-    """Dense Hessian ∂²f/∂θ² by ``torch.func.hessian`` (forward-over-reverse), symmetrised.
+    """Dense Hessian ∂²f/∂θ² by ``torch.func.hessian`` (forward-over-reverse), symmetrised: (H + Hᵀ)/2, (P, P) in
+    ``params``' dtype.
 
     Args:
         loss_fn: scalar loss of a flat parameter vector.
         params: (P,) point at which to differentiate.
-
-    Returns:
-        (P, P) tensor in ``params``' dtype, (H + Hᵀ)/2.
 
     >>> exact_hessian(lambda t: (t[0] * t[1]) ** 2, torch.tensor([1.0, 2.0], dtype=torch.float64))
     tensor([[8., 8.],
@@ -85,12 +83,11 @@ def exact_hessian(loss_fn: Callable[[Tensor], Tensor], params: Tensor) -> Tensor
 def make_hvp(loss_fn: Callable[[Tensor], Tensor], params: Tensor) -> Callable[[Tensor], Tensor]:
     """Hessian-vector product v ↦ H v at ``params``, as the JVP of ``torch.func.grad(loss_fn)`` (forward-over-reverse).
 
+    ``hvp(v (P,)) -> (P,)`` casts ``v`` to ``params``' dtype and device; the result stays there.
+
     Args:
         loss_fn: scalar loss of a flat parameter vector.
         params: (P,) point at which the Hessian is taken.
-
-    Returns:
-        ``hvp(v (P,)) -> (P,)``; ``v`` is cast to ``params``' dtype and device, the result stays there.
 
     >>> hvp = make_hvp(lambda t: (t**3).sum(), torch.tensor([1.0, 2.0]))
     >>> hvp(torch.tensor([1.0, 1.0]))
@@ -114,9 +111,6 @@ def summed_hvp(parts: list[tuple[float, Callable[[Tensor], Tensor]]]) -> Callabl
     Args:
         parts: ``(weight, hvp)`` pairs, each ``hvp`` from :func:`make_hvp` at the same point.
 
-    Returns:
-        ``hvp(v) -> (P,)``.
-
     >>> f = make_hvp(lambda t: (t**2).sum(), torch.tensor([1.0, 2.0]))
     >>> g = make_hvp(lambda t: (t**3).sum(), torch.tensor([1.0, 2.0]))
     >>> summed_hvp([(0.5, f), (0.5, g)])(torch.tensor([1.0, 1.0]))
@@ -126,28 +120,20 @@ def summed_hvp(parts: list[tuple[float, Callable[[Tensor], Tensor]]]) -> Callabl
         raise ValueError("summed_hvp needs at least one part")
 
     def hvp(v: Tensor) -> Tensor:
-        total = None
-        for weight, part in parts:
-            term = weight * part(v)
-            total = term if total is None else total + term
-        return total
+        return sum(weight * part(v) for weight, part in parts)
 
     return hvp
 
 
 def hvp_hessian(hvp: Callable[[Tensor], Tensor], n: int, chunk_size: int | None = None) -> Tensor:
-    """Dense Hessian from HVPs on the identity columns, vmapped in chunks of ``chunk_size`` (bounded memory).
-
-    With :func:`make_hvp` this is ``jacfwd(grad(f))``, the same forward-over-reverse computation as
-    ``torch.func.hessian``, but for the whole network with bounded memory.
+    """Dense Hessian from HVPs on the identity columns, vmapped in chunks of ``chunk_size``: (P, P) float64,
+    symmetrised. With :func:`make_hvp` this is ``jacfwd(grad(f))``, the computation of ``torch.func.hessian``, in
+    bounded memory.
 
     Args:
         hvp: Hessian-vector product from :func:`make_hvp`.
         n: number of parameters P.
         chunk_size: columns per vmapped batch (None: all at once).
-
-    Returns:
-        (P, P) float64 tensor, symmetrised.
     """
     eye = torch.eye(n, dtype=torch.float64)
     h = torch.vmap(hvp, chunk_size=chunk_size)(eye).to(torch.float64)  # row i = H e_i
@@ -163,7 +149,8 @@ def _select(eigvals: Tensor, k: int | None, which: Which) -> Tensor:
 def exact_eigvals(
     hvp: Callable[[Tensor], Tensor], n: int, k: int | None = None, which: Which = "LM", chunk_size: int | None = None
 ) -> Tensor:
-    """Eigenvalues of the dense Hessian, float64 ``torch.linalg.eigvalsh`` (reference for :func:`lanczos_eigvals`).
+    """Eigenvalues of the dense Hessian by float64 ``torch.linalg.eigvalsh``, ``(k,)`` in ``which`` order (the
+    reference for :func:`lanczos_eigvals`).
 
     Args:
         hvp: Hessian-vector product from :func:`make_hvp`.
@@ -171,9 +158,6 @@ def exact_eigvals(
         k: how many to return (None: all P).
         which: ``"LM"`` largest |λ| first, ``"LA"`` largest first, ``"SA"`` smallest first.
         chunk_size: columns per vmapped HVP batch when building H.
-
-    Returns:
-        (k,) float64 tensor in ``which`` order.
 
     >>> hvp = make_hvp(lambda t: (t[0] ** 2 - 3 * t[1] ** 2) / 2, torch.zeros(2, dtype=torch.float64))
     >>> exact_eigvals(hvp, 2)
@@ -185,7 +169,8 @@ def exact_eigvals(
 def lanczos_eigvals(
     hvp: Callable[[Tensor], Tensor], n: int, k: int = 6, which: Which = "LM", tol: float = 0.0, seed: int = 0
 ) -> Tensor:
-    """Top-k Hessian eigenvalues by implicitly restarted Lanczos (SciPy ``eigsh``/ARPACK) on HVPs.
+    """Top-k Hessian eigenvalues by implicitly restarted Lanczos (SciPy ``eigsh``/ARPACK) on HVPs, float64 ``(k,)`` in
+    the order of :func:`exact_eigvals`.
 
     Args:
         hvp: Hessian-vector product from :func:`make_hvp` (called on float64 CPU vectors).
@@ -194,9 +179,6 @@ def lanczos_eigvals(
         which: ``"LM"`` largest |λ|, ``"LA"`` largest algebraic, ``"SA"`` smallest algebraic.
         tol: ARPACK relative accuracy (0: machine precision).
         seed: seed of the Gaussian start vector (results are deterministic given it).
-
-    Returns:
-        (k,) float64 tensor in the same order as :func:`exact_eigvals`.
 
     >>> hvp = make_hvp(lambda t: (t * torch.arange(1.0, 6.0) * t).sum() / 2, torch.zeros(5))
     >>> [round(float(x), 6) for x in lanczos_eigvals(hvp, 5, k=2)]
@@ -216,7 +198,7 @@ def lanczos_eigvals(
 
 
 def hessian_spectrum(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None = 1e-12) -> Tensor:
-    """The non-negative spectrum whose entropy gives the Hessian effective rank.
+    """The non-negative spectrum whose entropy gives the Hessian effective rank, float64 ``(P,)``.
 
     λ' = max(λ + jitter, clamp): the QOA code's eigenvalues of H + 1e-6·I clamped to ≥ 1e-12, which discards
     negative curvature. ``clamp=None`` gives |λ + jitter| instead (``jitter=0`` then is the plain |λ| convention).
@@ -226,9 +208,6 @@ def hessian_spectrum(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None 
         jitter: added to every eigenvalue (H + jitter·I).
         clamp: lower bound after the shift, or None for the absolute value.
 
-    Returns:
-        (P,) float64 tensor.
-
     >>> hessian_spectrum(torch.tensor([1.0, -2.0]), jitter=0.0, clamp=None)
     tensor([1., 2.], dtype=torch.float64)
     """
@@ -237,7 +216,7 @@ def hessian_spectrum(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None 
 
 
 def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None = 1e-12) -> Tensor:
-    """Entropy effective rank of a Hessian spectrum, as the QOA paper computes it (Roy & Vetterli 2007).
+    """Entropy effective rank of a Hessian spectrum, as the QOA paper computes it (Roy & Vetterli 2007), float64.
 
     λ' = :func:`hessian_spectrum` (``jitter``, ``clamp``: as there), p = λ'/Σλ', erank = exp(−Σ p ln p)
     (docs/metrics.md §4).
@@ -247,9 +226,6 @@ def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float |
         jitter: added to every eigenvalue (H + jitter·I).
         clamp: lower bound after the shift, or None for the absolute value.
 
-    Returns:
-        Scalar float64 tensor.
-
     >>> round(hessian_effective_rank(torch.tensor([2.0, 2.0, -1.0])).item(), 4)
     2.0
     """
@@ -257,14 +233,11 @@ def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float |
 
 
 def hessian_srank(eigvals: Tensor, delta: float = 0.01) -> Tensor:
-    """srank_δ (Kumar et al. 2021) on |λ|: the smallest k whose largest |λ| hold a 1 − δ share of Σ|λ|.
+    """srank_δ (Kumar et al. 2021) on |λ|: the smallest k whose largest |λ| hold a 1 − δ share of Σ|λ| (int64).
 
     Args:
         eigvals: (P,) Hessian eigenvalues.
         delta: share of Σ|λ| that may be left out.
-
-    Returns:
-        Scalar int64 tensor.
 
     >>> hessian_srank(torch.tensor([-10.0, 5.0, 0.01])).item()
     2

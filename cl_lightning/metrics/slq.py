@@ -1,15 +1,9 @@
-"""Stochastic Lanczos quadrature (SLQ) for the Hessian spectral density and effective rank of a large network.
+"""Stochastic Lanczos quadrature (SLQ; Ubaru, Chen & Saad 2017; for neural-network Hessians Ghorbani, Krishnan & Xiao
+2019 and PyHessian): the Hessian spectral density and effective rank of a large network.
 
-SLQ (Ubaru, Chen & Saad 2017; used for neural-network Hessians by Ghorbani, Krishnan & Xiao 2019 and PyHessian):
-for Rademacher probes z, a few Lanczos steps from z/‖z‖ give a tridiagonal T whose eigen-decomposition is a Gauss
-quadrature rule for the spectral measure of H seen from z, so tr f(H) ≈ (P/num_probes) Σ_l Σ_j τ_j^(l) f(θ_j^(l)).
-
-Choice of Lanczos: hand-written (Lanczos with full re-orthogonalisation in float64, ~40 lines) rather than
-``curvlinops-for-pytorch``. SLQ needs only the tridiagonal coefficients of a few short Lanczos runs from seeded
-Rademacher vectors, which is short to write and to test against ``eigvalsh``; curvlinops would add a dependency (with
-its own operator and parameter conventions) for one function, and it is not in this project's package index. Running
-the probes together through ``torch.vmap`` of the HVP makes one Python-level step serve all probes (≈10× faster for
-small nets on CPU than one probe at a time). SciPy's ``eigsh``, already a dependency, covers top-k eigenvalues.
+The Lanczos runs are written here (full re-orthogonalisation in float64, tested against ``eigvalsh``): SLQ needs only
+the tridiagonal coefficients of a few short runs, not a dependency such as ``curvlinops-for-pytorch``. The probes run
+together through ``torch.vmap`` of the HVP, one Python-level step for all of them.
 """
 
 from collections.abc import Callable
@@ -115,16 +109,14 @@ def slq_spectral_density(
 def slq_effective_rank(
     nodes: Tensor, weights: Tensor, n: int, jitter: float = 1e-6, clamp: float | None = 1e-12
 ) -> Tensor:
-    """Estimate of :func:`cl_lightning.metrics.hessian_effective_rank` from an SLQ density.
+    """Estimate of :func:`cl_lightning.metrics.hessian_effective_rank` from an SLQ density, a float64 scalar.
 
     With s = :func:`cl_lightning.metrics.hessian_spectrum` (max(λ + jitter, clamp), or |λ + jitter|), the entropy
     effective rank is exp(ln S − E/S) with S = Σ_i s(λ_i) = tr s(H) and E = Σ_i s ln s = tr(s(H) ln s(H)), since
     −Σ p ln p = ln S − E/S for p = s/S. Both traces are SLQ spectral sums, S ≈ P Σ_j w_j s(θ_j) and
-    E ≈ P Σ_j w_j s(θ_j) ln s(θ_j), so erank ≈ P · exp(ln s̄ − ē/s̄) with s̄, ē the weighted means. It is a ratio
-    estimator (consistent as probes → ∞). Its error has two parts: the probes' Hutchinson variance (±1–6% with 32
-    probes on the test nets) and Gauss quadrature of s and s ln s, which have a kink at 0. For an indefinite Hessian
-    with much mass near 0 (a net at init) the latter biases the estimate upwards by ≈5% at 30–60 Lanczos steps; it
-    vanishes as num_steps → P. Compare values only at fixed (num_probes, num_steps, seed).
+    E ≈ P Σ_j w_j s(θ_j) ln s(θ_j), so erank ≈ P · exp(ln s̄ − ē/s̄) with s̄, ē the weighted means: a ratio estimator
+    (consistent as probes → ∞) with the probes' variance and the bias of Gauss quadrature at the kink of s at 0
+    (docs/metrics.md §4). Compare values only at fixed (num_probes, num_steps, seed).
 
     Args:
         nodes: SLQ nodes from :func:`slq_spectral_density`.
@@ -132,9 +124,6 @@ def slq_effective_rank(
         n: number of parameters P.
         jitter: as in :func:`cl_lightning.metrics.hessian_effective_rank`.
         clamp: as in :func:`cl_lightning.metrics.hessian_effective_rank`.
-
-    Returns:
-        Scalar float64 tensor.
 
     >>> round(slq_effective_rank(torch.tensor([0.0, 2.0]), torch.tensor([0.5, 0.5]), 4, jitter=0.0).item(), 4)
     2.0
