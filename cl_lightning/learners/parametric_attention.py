@@ -10,12 +10,8 @@ by online regression. A slow encoder h_θ (trained online by Adam) gives, per ex
 and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``cl_lightning.ops``, e.g. the delta rule
 S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ (the mechanism, every rule's state,
 write and read: ``cl_lightning.nn.fast_weights``). Readout: logits = τ · Sᵀq (τ learnable; regression reads Sᵀq),
-averaged over heads. The levers for the paper's open questions (``feature_map``, ``kv_pairs``, the rules' own
-arguments, ``encoder_training``) are the docs' §3; the protocols (``"lifelong"``: one persistent S written
-predict-then-write chunk by chunk, gradients truncated at chunk starts; ``"support_set"``: a fresh S per chunk) and
-the two evaluation readings (``predict_episode`` = recontext into a fresh S; **live**: the queries read from the
-live S, logged as ``eval/*_live_*``) its §4. Under DDP each rank keeps its own S, written with its share of each
-chunk.
+averaged over heads. The levers are the docs' §3; the protocols and the two evaluation readings (recontext into a
+fresh S, and **live**, logged as ``eval/*_live_*``) its §4. Under DDP each rank keeps its own S.
 """
 
 from __future__ import annotations
