@@ -1,19 +1,6 @@
-"""What crosses the package's parts: the stream's batch and episode types, the evaluation log keys, and what a
-callback may call on a learner or a data module.
-
-This module imports only ``torch`` and ``typing``: ``data/``, ``learners/`` and ``callbacks/`` all import it and it
-imports none of them, so the one-way import rules between the subpackages hold.
-
-- :class:`StreamBatch` is a training batch (one chunk of the stream), :class:`StreamSteps` several chunks stepped
-  in order inside one batch; :class:`Episode` is what an evaluation
-  answers (a labelled context from the task's training portion and held-out queries).
-- :class:`EvalSlot` says why an episode is evaluated (forward, backward, a cell of the accuracy matrix, the final
-  test); :func:`metric_key` turns a slot into the name its score is logged under (:func:`parse_metric_key` and
-  :func:`split_metric_key` invert it), :func:`online_key` names the prequential score. The data module chooses the
-  slots, the learner logs under these names, the monitors, the run summary and the report read with them: the key
-  format lives here only.
-- :class:`ObservedLearner` and :class:`EpisodeSource` are the surfaces callbacks use, so a callback is typed
-  against them and never against a concrete learner or the data module's internals.
+"""What crosses the package's parts (docs/architecture.md, "contract.py"): the stream's batch and episode types, the
+evaluation log keys (their format lives here only) and what a callback may call on a learner or a data module.
+It imports only ``torch`` and ``typing``, so ``data/``, ``learners/`` and ``callbacks/`` can all import it.
 """
 
 from __future__ import annotations
@@ -177,11 +164,8 @@ def online_key(metric: str) -> str:
 
 @runtime_checkable
 class ObservedLearner(Protocol):
-    """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it).
-
-    Besides these, callbacks use the ``LightningModule`` members every learner has (``log``, ``parameters``,
-    ``named_parameters``, ``modules``, ``device``).
-    """
+    """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it), besides the
+    ``LightningModule`` members (``log``, ``parameters``, ``named_parameters``, ``modules``, ``device``)."""
 
     task_type: TaskType
 
@@ -266,13 +250,8 @@ class WrittenKeysSource(EpisodeSource, Protocol):
 
 
 def require(obj: Any, protocol: type, who: str) -> None:
-    """Raise a ``TypeError`` naming what is missing when ``obj`` does not provide ``protocol``.
-
-    Args:
-        obj: The learner or data module handed to ``who``.
-        protocol: :class:`ObservedLearner` or :class:`EpisodeSource`.
-        who: The component that needs it (for the message).
-    """
+    """Raise a ``TypeError`` naming what is missing when ``obj`` (a learner or data module handed to ``who``, the
+    component that needs it) does not provide ``protocol``."""
     if isinstance(obj, protocol):
         return
     missing = sorted(
@@ -285,7 +264,6 @@ def require(obj: Any, protocol: type, who: str) -> None:
 
 
 def step_numbers(step_kernel: object) -> object:
-    """What a learner's ``step_kernel`` means for its numbers: ``"torch"`` (the name before step engines),
-    ``"autograd"`` and ``"fused"`` compute the same numbers bit for bit and read as ``"autograd"``; ``"native"`` rounds
-    otherwise and stays itself. A resumed checkpoint and a report's departures compare step kernels through it."""
+    """What a learner's ``step_kernel`` means for its numbers: ``"torch"``, ``"autograd"`` and ``"fused"`` (the same
+    bits) read as ``"autograd"``, ``"native"`` as itself. A resume and a report's departures compare through it."""
     return "autograd" if step_kernel in ("torch", "fused") else step_kernel
