@@ -15,6 +15,8 @@ TaskType = Literal["classification", "regression"]
 
 SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "written", "unseen"]
 """Why an episode is evaluated: see :func:`metric_key`."""
+_PLAIN_ROLES = ("forward", "backward", "revised", "stale", "written", "unseen")  # one key per metric and reading
+_NUMBERED_ROLES = ("lag", "return", "matrix", "final")  # keys end in the slot's number
 
 
 class StreamBatch(NamedTuple):
@@ -91,7 +93,7 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     'eval/backward_live_acc/lag_20'
     """
     m = metric if reading is None else f"{reading}_{metric}"
-    if slot.role in ("forward", "backward", "revised", "stale", "written", "unseen"):
+    if slot.role in _PLAIN_ROLES:
         return f"eval/{slot.role}_{m}"
     if slot.role == "lag":
         return f"eval/backward_{m}/lag_{slot.task}"
@@ -114,10 +116,10 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     >>> parse_metric_key("eval/return_acc/visit_1", "acc")
     EvalSlot(role='return', task=1)
     """
-    for role in ("forward", "backward", "revised", "stale", "written", "unseen"):
+    for role in _PLAIN_ROLES:
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
-    for role in ("lag", "return", "matrix", "final"):
+    for role in _NUMBERED_ROLES:
         head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
         tail = key.removeprefix(head)
         if tail != key and tail.isdigit():
@@ -138,10 +140,10 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "revised", "stale", "written", "unseen", "lag", "return", "matrix", "final"):
+    for role in _PLAIN_ROLES + _NUMBERED_ROLES:
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
-        tail = tail[:-1] if role in ("lag", "return", "matrix", "final") else tail  # the task's (lag's) digits vary
+        tail = tail[:-1] if role in _NUMBERED_ROLES else tail  # the task's (lag's) digits vary
         rest = key.removeprefix(head)
         cut = rest.rfind(tail)
         if rest != key and cut > 0:
