@@ -167,9 +167,8 @@ class FusedEngine(AutogradEngine):
 
     def check_learner(self, learner: SteppedLearner) -> None:
         """Refuse a learner without fused steps of its own chunk step, or with settings they do not compute."""
-        cls = type(learner).__name__
         if not learner.has_fused_steps():
-            raise ValueError(f"{cls} has no {self.name} step engine: use step_kernel: autograd")
+            raise ValueError(f"{type(learner).__name__} has no {self.name} step engine: use step_kernel: autograd")
         self._refuse(learner, learner.fused_refusal())
 
     def check_run(self, learner: SteppedLearner) -> None:

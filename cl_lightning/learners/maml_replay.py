@@ -7,11 +7,9 @@ support slice ``S_i`` and the query slice ``Q_i`` right after it. Per meta-updat
     θ'_i = θ − α Σ_{n<5} ∇L(S_i)   (5 SGD steps, second order: the graph runs through them)
     θ ← Adam(θ, ∇θ (1/T) Σ_i L_{θ'_i}(Q_i))
 
-Defaults follow the authors' Permuted-MNIST code, from which the figures came (each stream's settings and where the
-paper's text differs: docs/baselines.md §6). At evaluation the network adapts (5 steps) on the first
-``support_size`` examples of the episode's context, as every replay learner takes its support set (not the paper's
-set, the task's last 10 training examples), and predicts the queries; adaptation is functional (``torch.func``), so
-evaluation never changes θ.
+Defaults follow the authors' Permuted-MNIST code, from which the figures came (docs/baselines.md §6). At evaluation
+the network adapts on the first ``support_size`` context examples, as every replay learner takes its support set (the
+paper: the task's last 10 training examples); adaptation is functional (``torch.func``): θ never changes.
 """
 
 from __future__ import annotations
