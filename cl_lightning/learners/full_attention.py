@@ -41,7 +41,8 @@ class FullAttention(ReplayLearner):
         queries_per_step: Newest stored examples used as queries per step (authors' code: 1, the newest).
         admit_last: Only each chunk's last ``admit_last`` examples enter the buffer (PMNIST code: 100); ``None``: all.
         num_layers: Attention layers (PMNIST: 10; Split: 3; SCR: 2 in the code, 1 in the paper).
-        embed_dim: Width of a linear projection of the encoded input before tokenising (Split code's ``fc1``: 128).
+        embed_dim: Width of a linear projection (no activation) of the encoded input before tokenising (the Split
+            code's ``fc1``: 128); ``None``: no projection.
         isolate_queries: ``"sequence"`` (authors' model: each query its own sequence ``[supports, query]``) or
             ``"mask"`` (one sequence; supports see supports only, each query the supports and itself: cheaper, a
             different model).
