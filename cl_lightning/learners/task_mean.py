@@ -20,9 +20,9 @@ class TaskMean(Metric):
     """Weighted mean of batch means over one task: float64 sums of ``value · weight`` and ``weight``, summed over DDP
     ranks by torchmetrics.
 
-    Not ``torchmetrics.MeanMetric`` (1.9): with ``nan_strategy="disable"`` it drops the weights, and the other
-    strategies synchronise with the host per update and (but ``"error"``) drop a NaN. Here a NaN stays NaN, so a
-    diverged run shows as one.
+    Not ``torchmetrics.MeanMetric`` (1.9; timings: docs/results/overhead.md): with ``nan_strategy="disable"`` it drops
+    the weights; the other strategies synchronise with the host per update, and all but ``"error"`` drop a NaN. Here a
+    NaN stays NaN, so a diverged run shows as one.
     """
 
     full_state_update = False
