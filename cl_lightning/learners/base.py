@@ -103,9 +103,7 @@ class ContinualLearner(LightningModule, ABC):
 
     @classmethod
     def arguments(cls) -> set[str]:
-        """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
-        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself
-        (:func:`taken_arguments`)."""
+        """The learner's config keys and hyperparameters: :func:`taken_arguments` less the :attr:`fixed_arguments`."""
         return taken_arguments(cls, ContinualLearner) - set(cls.fixed_arguments)
 
     @property
