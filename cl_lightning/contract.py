@@ -1,19 +1,6 @@
-"""What crosses the package's parts: the stream's batch and episode types, the evaluation log keys, and what a
-callback may call on a learner or a data module.
-
-This module imports only ``torch`` and ``typing``: ``data/``, ``learners/`` and ``callbacks/`` all import it and it
-imports none of them, so the one-way import rules between the subpackages hold.
-
-- :class:`StreamBatch` is a training batch (one chunk of the stream), :class:`StreamSteps` several chunks stepped
-  in order inside one batch; :class:`Episode` is what an evaluation
-  answers (a labelled context from the task's training portion and held-out queries).
-- :class:`EvalSlot` says why an episode is evaluated (forward, backward, a cell of the accuracy matrix, the final
-  test); :func:`metric_key` turns a slot into the name its score is logged under (:func:`parse_metric_key` and
-  :func:`split_metric_key` invert it), :func:`online_key` names the prequential score. The data module chooses the
-  slots, the learner logs under these names, the monitors, the run summary and the report read with them: the key
-  format lives here only.
-- :class:`ObservedLearner` and :class:`EpisodeSource` are the surfaces callbacks use, so a callback is typed
-  against them and never against a concrete learner or the data module's internals.
+"""What crosses the package's parts (docs/architecture.md, "contract.py"): the stream's batch and episode types, the
+evaluation log keys (their format lives here only) and what a callback may call on a learner or a data module.
+It imports only ``torch`` and ``typing``, so ``data/``, ``learners/`` and ``callbacks/`` can all import it.
 """
 
 from __future__ import annotations
@@ -28,6 +15,8 @@ TaskType = Literal["classification", "regression"]
 
 SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "written", "unseen"]
 """Why an episode is evaluated: see :func:`metric_key`."""
+_PLAIN_ROLES = ("forward", "backward", "revised", "stale", "written", "unseen")  # one key per metric and reading
+_NUMBERED_ROLES = ("lag", "return", "matrix", "final")  # keys end in the slot's number
 
 
 class StreamBatch(NamedTuple):
@@ -104,7 +93,7 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     'eval/backward_live_acc/lag_20'
     """
     m = metric if reading is None else f"{reading}_{metric}"
-    if slot.role in ("forward", "backward", "revised", "stale", "written", "unseen"):
+    if slot.role in _PLAIN_ROLES:
         return f"eval/{slot.role}_{m}"
     if slot.role == "lag":
         return f"eval/backward_{m}/lag_{slot.task}"
@@ -127,10 +116,10 @@ def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalS
     >>> parse_metric_key("eval/return_acc/visit_1", "acc")
     EvalSlot(role='return', task=1)
     """
-    for role in ("forward", "backward", "revised", "stale", "written", "unseen"):
+    for role in _PLAIN_ROLES:
         if key == metric_key(EvalSlot(role), metric, reading):
             return EvalSlot(role)
-    for role in ("lag", "return", "matrix", "final"):
+    for role in _NUMBERED_ROLES:
         head = metric_key(EvalSlot(role, 0), metric, reading)[:-1]  # the key of task j is head + str(j)
         tail = key.removeprefix(head)
         if tail != key and tail.isdigit():
@@ -151,10 +140,10 @@ def split_metric_key(key: str, metric: str) -> tuple[EvalSlot, str | None] | Non
     slot = parse_metric_key(key, metric)
     if slot is not None:
         return slot, None
-    for role in ("forward", "backward", "revised", "stale", "written", "unseen", "lag", "return", "matrix", "final"):
+    for role in _PLAIN_ROLES + _NUMBERED_ROLES:
         # the key of reading r (and task 0) is head + r + tail: cut there, then check with parse_metric_key
         head, _, tail = metric_key(EvalSlot(role, 0), metric, "\0").partition("\0")
-        tail = tail[:-1] if role in ("lag", "return", "matrix", "final") else tail  # the task's (lag's) digits vary
+        tail = tail[:-1] if role in _NUMBERED_ROLES else tail  # the task's (lag's) digits vary
         rest = key.removeprefix(head)
         cut = rest.rfind(tail)
         if rest != key and cut > 0:
@@ -177,11 +166,8 @@ def online_key(metric: str) -> str:
 
 @runtime_checkable
 class ObservedLearner(Protocol):
-    """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it).
-
-    Besides these, callbacks use the ``LightningModule`` members every learner has (``log``, ``parameters``,
-    ``named_parameters``, ``modules``, ``device``).
-    """
+    """What a callback may read or call on a learner (every ``ContinualLearner`` has all of it), besides the
+    ``LightningModule`` members (``log``, ``parameters``, ``named_parameters``, ``modules``, ``device``)."""
 
     task_type: TaskType
 
@@ -271,13 +257,8 @@ class WrittenKeysSource(EpisodeSource, Protocol):
 
 
 def require(obj: Any, protocol: type, who: str) -> None:
-    """Raise a ``TypeError`` naming what is missing when ``obj`` does not provide ``protocol``.
-
-    Args:
-        obj: The learner or data module handed to ``who``.
-        protocol: :class:`ObservedLearner` or :class:`EpisodeSource`.
-        who: The component that needs it (for the message).
-    """
+    """Raise a ``TypeError`` naming what is missing when ``obj`` (a learner or data module handed to ``who``, the
+    component that needs it) does not provide ``protocol``."""
     if isinstance(obj, protocol):
         return
     missing = sorted(
@@ -290,7 +271,6 @@ def require(obj: Any, protocol: type, who: str) -> None:
 
 
 def step_numbers(step_kernel: object) -> object:
-    """What a learner's ``step_kernel`` means for its numbers: ``"torch"`` (the name before step engines),
-    ``"autograd"`` and ``"fused"`` compute the same numbers bit for bit and read as ``"autograd"``; ``"native"`` rounds
-    otherwise and stays itself. A resumed checkpoint and a report's departures compare step kernels through it."""
+    """What a learner's ``step_kernel`` means for its numbers: ``"torch"``, ``"autograd"`` and ``"fused"`` (the same
+    bits) read as ``"autograd"``, ``"native"`` as itself. A resume and a report's departures compare through it."""
     return "autograd" if step_kernel in ("torch", "fused") else step_kernel

@@ -1,9 +1,5 @@
-"""The one error path of every command: a mistake is one ``error:`` line, exit code 2, no traceback.
-
-:class:`UsageError` is a mistake already worded for the user; :func:`load_yaml` reads a file the user wrote and
-names the file, line and column when it does not parse; :func:`guarded` runs a command (``sweep``, ``report``) so
-that its mistakes end in one line (``--debug`` or ``CL_LIGHTNING_DEBUG=1``: the traceback instead). The LightningCLI
-commands report through the same line format (:mod:`cl_lightning.run.cli`). Nothing here imports Lightning or torch.
+"""The one error path of every command: a mistake is one ``error:`` line, exit code 2, no traceback (``--debug`` or
+``CL_LIGHTNING_DEBUG=1``: the traceback instead). Nothing here imports Lightning or torch.
 """
 
 from __future__ import annotations

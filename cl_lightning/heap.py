@@ -1,17 +1,10 @@
 """Handing freed heap memory back to the operating system (glibc), so a long run's resident size tracks its tensors.
 
-glibc's ``malloc`` serves blocks above its mmap threshold with their own mapping, returned on ``free``; below it,
-blocks come from the heap, whose free space stays resident. The threshold is dynamic: every freed mapping raises it
-to that block's size (up to 32 MB), so after the first large tensor is freed, every later tensor up to that size is
-heap-allocated and its pages stay after it dies. In a paper-size run a monitor's one-off pass (the Hessian's
-forward-over-reverse products over a 100 × 1,000 episode: ~120 MB of tensors) then leaves twice that resident.
-
-- :func:`fix_mmap_threshold` (the CLI calls it once): a fixed 4 MB threshold, so every tensor of 4 MB or more
-  (episode scores, generated tasks, the monitors' intermediates) is mapped and unmapped, while the training step's
-  small tensors keep the heap's reuse;
-- :func:`release_free_heap` (after a monitor's pass): ``malloc_trim(0)``, the heap's free pages back, a few ms.
-
-Neither changes a tensor or a number. With a C library other than glibc (macOS, musl) both do nothing.
+glibc's ``malloc`` maps blocks above its mmap threshold and returns them on ``free``; below it, blocks come from the
+heap, whose free space stays resident. The threshold rises to each freed mapping's size (up to 32 MB), so after a
+monitor's one-off pass of large tensors, later ones of that size stay resident after they die. Hence
+:func:`fix_mmap_threshold` (the CLI calls it once: a fixed 4 MB, small tensors keep the heap's reuse) and
+:func:`release_free_heap` (after a monitor's pass). Neither changes a number; without glibc both do nothing.
 """
 
 from __future__ import annotations

@@ -23,21 +23,16 @@ from cl_lightning.nn.optim import FlatOptimizer
 class Backprop(ContinualLearner):
     """A network trained by gradient descent on the stream, one step per chunk; ignores the evaluation context.
 
-    The head of the MLP learners (EWC and Continual Backprop take these arguments through ``**kwargs``).
-
     Args:
         hidden_sizes: Hidden widths of the MLP head (paper: [200, 200, 200, 200] on Permuted MNIST, [128, 128]
             after the CNN on Split Tiny ImageNet, [40] on slowly changing regression).
         init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
         encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
-        step_kernel: The step engine (:mod:`cl_lightning.learners.engines`), chosen once: ``"autograd"`` (default;
-            ``"torch"``, its former name, is the same), ``"fused"`` (hand-written MLP gradients and one Adam on a
-            flat tensor: autograd's numbers bit for bit; several times faster on one-point regression steps, a
-            quarter on 400-image chunks) or ``"native"`` (the fused steps as one C loop per batch, regression only,
-            :mod:`cl_lightning.nn.native`: autograd's to float32 rounding in each step's predictions and gradients,
-            not in every weight over a run; needs a C compiler). ``fused`` and ``native`` take flat inputs, on the
-            CPU, in full precision, with Adam / AdamW (CBP: AdamGnT) and no forward hook on the net; anything else is
-            refused before the first batch. Learners that step in their own ``training_step`` (EWC): ``"autograd"``.
+        step_kernel: The step engine, chosen once: ``"autograd"`` (default; ``"torch"`` is the same), ``"fused"``
+            (hand-written MLP gradients and one flat Adam: autograd's numbers bit for bit) or ``"native"`` (the
+            fused steps in C, regression only, to float32 rounding; needs a C compiler). ``fused`` and ``native``
+            need flat inputs, the CPU, full precision, Adam / AdamW (CBP: AdamGnT) and no forward hook; anything
+            else is refused before the first batch. EWC: ``"autograd"`` only.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """

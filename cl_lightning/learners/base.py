@@ -1,9 +1,5 @@
-"""The base class every learner keeps: shapes, optimiser factory, online metric and episode evaluation
-(docs/protocol.md).
-
-What a learner must provide is abstract here (``ContinualLearner`` is an ABC: a learner that forgets one cannot be
-built) and what callbacks may call on it is :class:`cl_lightning.contract.ObservedLearner`.
-"""
+"""The base class of every learner: shapes, optimiser factory, online metric and episode evaluation
+(docs/protocol.md); what callbacks may call on it is :class:`cl_lightning.contract.ObservedLearner`."""
 
 from __future__ import annotations
 
@@ -49,6 +45,11 @@ def taken_arguments(cls: type, base: type) -> set[str]:
     return names
 
 
+def _definer(cls: type, name: str) -> type:
+    """The class along ``cls``'s MRO that defines ``name``."""
+    return next(c for c in cls.__mro__ if name in c.__dict__)
+
+
 def running_arguments(cls: type) -> set[str]:
     """Every argument of every ``__init__`` along ``cls``'s MRO: what ``save_hyperparameters`` finds on the frames."""
     return {name for owner in cls.__mro__ if "__init__" in vars(owner) for name in _parameters(owner)}
@@ -58,9 +59,7 @@ class ContinualLearner(LightningModule, ABC):
     """A learner on a task stream: one epoch is one task, one training batch is one chunk of the stream.
 
     Subclasses implement :meth:`learn_chunk` (run by the step engine) or :meth:`training_step` (predict the incoming
-    chunk first, log it with :meth:`log_online`, then learn), :meth:`predict_episode` (answer held-out queries given
-    a labelled context of the same task) and :meth:`output_layer` (the read-out whose Hessian the paper measures);
-    the last two are abstract, and a learner with neither of the first two is refused at construction.
+    chunk, :meth:`log_online`, then learn), and the abstract :meth:`predict_episode` and :meth:`output_layer`.
 
     Args:
         input_shape: Shape of one input (linked from the data module).
@@ -69,9 +68,8 @@ class ContinualLearner(LightningModule, ABC):
         optimizer: Optimiser factory called on the parameters (default: Adam, lr 1e-4, as the paper).
         seed: Seed of the learner's own sampling (support sets); draws depend on ``(seed, step)`` only.
 
-    Every argument is keyword-only. A subclass takes its own arguments and passes the rest on through ``**kwargs``
-    (jsonargparse follows them, so they stay config keys); the hyperparameters are recorded here, once, for the
-    arguments :meth:`arguments` lists.
+    Subclasses pass their parents' (keyword-only) arguments on through ``**kwargs``; the hyperparameters are recorded
+    here, once, for the arguments :meth:`arguments` lists.
     """
 
     fixed_arguments: ClassVar[tuple[str, ...]] = ()  # a parent's arguments the subclass sets itself (not config keys)
@@ -105,9 +103,7 @@ class ContinualLearner(LightningModule, ABC):
 
     @classmethod
     def arguments(cls) -> set[str]:
-        """The arguments the learner takes (its config keys and hyperparameters): its ``__init__``'s, and through
-        ``**kwargs`` its parents', less the :attr:`fixed_arguments` it sets itself
-        (:func:`taken_arguments`)."""
+        """The learner's config keys and hyperparameters: :func:`taken_arguments` less the :attr:`fixed_arguments`."""
         return taken_arguments(cls, ContinualLearner) - set(cls.fixed_arguments)
 
     @property
@@ -116,10 +112,8 @@ class ContinualLearner(LightningModule, ABC):
         return "acc" if self.task_type == "classification" else "mse"
 
     def step_generator(self) -> torch.Generator:
-        """A CPU generator seeded from ``(seed, step)``; advances the step counter (kept in checkpoints).
-
-        The step is read from a host shadow of the ``steps_taken`` buffer, so no step waits for the device.
-        """
+        """A CPU generator seeded from ``(seed, step)``; advances the step counter (kept in checkpoints, read from its
+        host shadow: no step waits for the device)."""
         gen = self.generator_at(self._steps)
         self.count_steps(1)
         return gen
@@ -130,8 +124,7 @@ class ContinualLearner(LightningModule, ABC):
         self.steps_taken.add_(n)
 
     def generator_at(self, step: int) -> torch.Generator:
-        """The generator :meth:`step_generator` gives at step ``step``, without counting a step (a fused step counts
-        its steps at once)."""
+        """The generator :meth:`step_generator` gives at step ``step``, without counting a step."""
         gen = torch.Generator()
         gen.manual_seed(self.seed * 1_000_003 + step)
         return gen
@@ -142,11 +135,8 @@ class ContinualLearner(LightningModule, ABC):
         self._steps = int(self.steps_taken)
 
     def loss(self, pred: Tensor, y: Tensor) -> Tensor:
-        """Cross-entropy on logits, or MSE on predictions.
-
-        The MSE is written out rather than ``F.mse_loss`` (bitwise the same value and gradient on CPU): torch 2.14's
-        forward-over-reverse AD of ``mse_loss`` fails ("ZeroTensors are immutable"), and the Hessian monitor needs it.
-        """
+        """Cross-entropy on logits, or MSE on predictions (written out: the Hessian monitor's forward-over-reverse AD
+        of ``F.mse_loss`` fails in torch 2.14, "ZeroTensors are immutable"; the same bits on CPU)."""
         if self.task_type == "classification":
             return nn.functional.cross_entropy(pred, y)
         return (pred - y.to(pred.dtype)).pow(2).mean()
@@ -166,44 +156,36 @@ class ContinualLearner(LightningModule, ABC):
             self.log_task_mean("train/loss", loss, pred.shape[0])
 
     def log_task_mean(self, name: str, value: Tensor, weight: int = 1) -> None:
-        """Add a batch mean ``value`` of ``weight`` examples to the task mean of ``name``, logged at the task's end.
-
-        Equals ``self.log(name, value, on_step=False, on_epoch=True, batch_size=weight)`` but costs one
-        :class:`TaskMean` update a step instead of Lightning's per-call bookkeeping (about a third of a one-example
-        step: ``benchmarks/loop_overhead.py``), and averages over every DDP rank's chunks rather than reporting rank
-        0's alone.
-        """
+        """Add a batch mean ``value`` of ``weight`` examples to the task mean of ``name``, logged at the task's end:
+        ``self.log(name, value, on_step=False, on_epoch=True, batch_size=weight)`` without Lightning's per-call cost,
+        averaged over every DDP rank's chunks."""
         task_mean(self._task_means, name, value.device).update(value, weight)
 
     @classmethod
     def learns_steps(cls) -> bool:
-        """Whether the learner's batches go through a step engine (:mod:`~cl_lightning.learners.engines`): its
-        :meth:`learn_chunk` is its own or a subclass's, not an ancestor's below an overriding ``training_step`` (EWC's
-        penalty)."""
-        owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("learn_chunk", "training_step")}
-        return owner["learn_chunk"] is not ContinualLearner and issubclass(owner["learn_chunk"], owner["training_step"])
+        """Whether a step engine runs the learner's batches: its :meth:`learn_chunk` is not an ancestor's below an
+        overriding ``training_step`` (EWC's penalty)."""
+        chunk = _definer(cls, "learn_chunk")
+        return chunk is not ContinualLearner and issubclass(chunk, _definer(cls, "training_step"))
 
     @classmethod
     def has_fused_steps(cls) -> bool:
-        """Whether the fused engines apply: the learner's :meth:`learn_fused` is written for its own chunk step (the
-        same class defines both: a subclass that changes the chunk step, EWC's penalty, has none)."""
-        owner = {name: next(c for c in cls.__mro__ if name in c.__dict__) for name in ("learn_chunk", "learn_fused")}
-        return cls.learns_steps() and owner["learn_fused"] is owner["learn_chunk"] is not ContinualLearner
+        """Whether the fused engines apply: one class defines both :meth:`learn_fused` and the chunk step it fuses."""
+        chunk = _definer(cls, "learn_chunk")
+        return cls.learns_steps() and _definer(cls, "learn_fused") is chunk is not ContinualLearner
 
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None:
         """Predict one chunk (``run.log_online``), then learn from it through ``run.step``; the loss, or ``None``
-        when no step was taken. What a step engine runs per chunk; learners that take ``StreamSteps`` define it."""
+        when no step was taken. What a step engine runs per chunk."""
         raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Learn chunks ``start..`` of the batch through fused steps on ``adam`` (bound to the optimiser), in C with
-        ``in_c``: the numbers of :meth:`learn_chunk` on each (bit for bit; to float32 rounding in C), booked with
-        ``run.add_fused``; the summed loss. What the fused and native engines run; none by default."""
+        """Learn chunks ``start..`` through fused steps on ``adam`` (in C with ``in_c``) with :meth:`learn_chunk`'s
+        numbers, booked with ``run.add_fused``; the summed loss. What the fused and native engines run."""
         raise NotImplementedError(f"{type(self).__name__} has no fused steps")
 
     def fused_ready(self, batch: StreamSteps, start: int) -> bool:
-        """Whether :meth:`learn_fused` computes chunk ``start`` on (default: always; QOA: once its step's query is
-        the incoming point). Before, the engine runs :meth:`learn_chunk`."""
+        """Whether :meth:`learn_fused` takes over from chunk ``start`` (until then :meth:`learn_chunk` runs)."""
         return True
 
     def fused_refusal(self, chunk_size: int | None = None) -> str | None:
@@ -221,14 +203,14 @@ class ContinualLearner(LightningModule, ABC):
         add_terms(self._task_means, terms, self.device)
 
     def on_fit_start(self) -> None:
-        """Stop every optimiser step from trying to load a missing NVML (``nn.optim.drop_unloadable_nvml_check``);
-        refuse ``StreamSteps`` batches the run cannot learn (:func:`~cl_lightning.learners.engines.check_steps`)."""
+        """Stop optimiser steps from trying to load a missing NVML; refuse ``StreamSteps`` batches the run cannot
+        learn (:func:`~cl_lightning.learners.engines.check_steps`)."""
         drop_unloadable_nvml_check()
         check_steps(self, self.trainer.datamodule, self.trainer.world_size)
 
     def on_train_start(self) -> None:
-        """Refuse a run the step engine cannot serve (:meth:`~cl_lightning.learners.engines.AutogradEngine.check_run`)
-        and count a checkpoint's automatic-optimisation steps as the engine's (one written before engines)."""
+        """Refuse a run the step engine cannot serve; count an older checkpoint's automatic-optimisation steps as the
+        engine's."""
         if self.engine is not None:
             self.engine.check_run(self)
             lightning_compat.adopt_automatic_steps(self.trainer)
@@ -238,15 +220,14 @@ class ContinualLearner(LightningModule, ABC):
         self._task_means = {}
 
     def on_train_epoch_end(self) -> None:
-        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks
-        (:func:`~cl_lightning.learners.task_mean.reduce_task_means`; subclasses call ``super()``)."""
+        """Log the task means of :meth:`log_task_mean`, reduced over DDP ranks (subclasses call ``super()``)."""
         for name, value in reduce_task_means(self._task_means, self.device).items():
             self.log(name, value, on_step=False, on_epoch=True)
         self._task_means = {}
 
     def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | dict[str, Any] | None:
-        """Predict the incoming chunk (online metric, :meth:`log_online`), then learn from it: by default each chunk of
-        the batch in turn through the step engine (:meth:`learn_chunk`, or :meth:`learn_fused`)."""
+        """Predict the incoming chunk (:meth:`log_online`), then learn from it; by default each chunk of the batch
+        in turn through the step engine."""
         return self.engine.learn(self, batch)
 
     @abstractmethod
@@ -259,11 +240,8 @@ class ContinualLearner(LightningModule, ABC):
         return self.predict_episode(empty, torch.zeros(0, dtype=torch.long, device=x.device), x)
 
     def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
-        """Further predictions of an episode, by qualifier, each logged beside :meth:`predict_episode`'s score.
-
-        A reading ``"live"`` of a metric logged as ``forward_acc`` is logged as ``forward_live_acc``
-        (:func:`~cl_lightning.contract.metric_key`). Default: none.
-        """
+        """Further predictions of an episode by reading (``"live"``: ``forward_live_acc``), each logged beside
+        :meth:`predict_episode`'s score. Default: none."""
         return {}
 
     def validation_step(self, batch: EvalBatch, batch_idx: int) -> None:
@@ -292,19 +270,15 @@ class ContinualLearner(LightningModule, ABC):
         the learner has no trained read-out (kNN)."""
 
     def probe_layers(self) -> dict[str, nn.Module]:
-        """The hidden layers plasticity callbacks watch, by name: modules whose output, after the callback's
-        activation (ReLU by default), is a hidden layer's features.
+        """The hidden layers plasticity callbacks watch, by name (their outputs after ReLU are the features).
 
-        Default: every ``nn.Linear`` but :meth:`output_layer`. A learner whose layers run without calling their
-        modules (fused kernels) must override this, or forward hooks never fire.
+        Default: every ``nn.Linear`` but :meth:`output_layer`; learners whose layers run without calling their
+        modules override it (forward hooks would never fire).
         """
         out = self.output_layer()
         return {name: m for name, m in self.named_modules() if isinstance(m, nn.Linear) and m is not out}
 
     def context_memory_bytes(self) -> int:
-        """Bytes of the learner's context memory (replay buffer, fast-weight state…): what grows with what it keeps.
-
-        Default: the bytes of every registered buffer (the package keeps all such state in buffers at final shape).
-        Learners whose memory is held otherwise override this.
-        """
+        """Bytes of the learner's context memory (replay buffer, fast-weight state…). Default: every registered
+        buffer's."""
         return tensor_bytes(self.buffers())

@@ -8,13 +8,8 @@ units and resets their AdamGnT state (SGD's it leaves alone, as the reference; a
 Generate-and-test acts on the MLP head; with the CNN encoder the convolutional layers are trained but never
 replaced (the reference's ConvGnT is a different algorithm).
 
-``step_kernel: fused`` computes :meth:`learn_chunk`'s numbers bit for bit, generate-and-test after each update;
-``native`` runs those steps and generate-and-test's test in C, its rare replacements in Python with the fused path's
-draws (:func:`~cl_lightning.nn.native.cbp_mse_steps`).
-
-DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (its
-examples in rank order, not arrival order) and replaces the same units with the same ``(seed, step)`` draws: the
-ranks' weights stay equal (tested in ``tests/test_ddp.py``).
+DDP: the ranks' features are all-gathered before generate-and-test, so every rank tests the whole chunk (in rank
+order) and replaces the same units with the same ``(seed, step)`` draws: the ranks' weights stay equal.
 """
 
 from __future__ import annotations
@@ -49,15 +44,12 @@ class ContinualBackprop(Backprop):
         utility: ``"adaptable_contribution"`` (reference MNIST default) or ``"contribution"``.
         accumulate: Carry fractional replacement counts over (``True`` in the PMNIST reference).
         replacement_init: Distribution of redrawn incoming weights (reference: ``"kaiming"``).
-        next_bias_correction: Apply the next-layer bias correction that the reference turns into a no-op
-            (default ``False``, faithful).
-        optimizer: Optimiser factory: :class:`~cl_lightning.nn.optim.AdamGnT` (default, lr 1e-4) or
-            ``torch.optim.SGD``.
+        next_bias_correction: Apply the next-layer bias correction the reference turns into a no-op (default: no).
+        optimizer: Optimiser factory: :class:`~cl_lightning.nn.optim.AdamGnT` (default, lr 1e-4) or SGD.
         **kwargs: :class:`~cl_lightning.learners.backprop.Backprop`'s (paper PMNIST: ``hidden_sizes``
-            [200, 200, 200, 200], Kaiming-uniform init), ``seed``, the seed of the redrawn weights (draws depend on
-            ``(seed, step)`` only), and ``step_kernel`` (``"fused"`` and ``"native"``: the module docstring;
-            ``"native"`` needs ``accumulate=True`` and AdamGnT on float32 parameters, else it is refused before the
-            first batch).
+            [200, 200, 200, 200], Kaiming-uniform init), ``seed`` (of the redrawn weights) and ``step_kernel``
+            (generate-and-test after each fused update; ``"native"`` replaces units in Python and needs
+            ``accumulate=True``).
     """
 
     native_optimizer = FlatAdamGnT
@@ -102,8 +94,7 @@ class ContinualBackprop(Backprop):
         return self.net.layers[-1](h), features
 
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor:
-        """One optimiser step on the chunk, then generate-and-test on its features (``ContinualBackprop.learn``);
-        under DDP on every rank's features, so all ranks replace the same units."""
+        """One optimiser step on the chunk, then generate-and-test on its features (every rank's, under DDP)."""
         x, y, _ = batch
         pred, features = self.predict_with_features(x)
         loss = self.loss(pred, y)
@@ -116,10 +107,9 @@ class ContinualBackprop(Backprop):
         return loss
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..`` as :meth:`learn_chunk` learns them, by hand-written MLP gradients, one flat AdamGnT
-        update and generate-and-test on the step's features after each update
-        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (:func:`~cl_lightning.nn.native.cbp_mse_steps`);
-        step ``t`` draws from the generator of step ``steps taken + t`` either way."""
+        """Chunks ``start..`` as :meth:`learn_chunk` learns them, generate-and-test after each flat AdamGnT update
+        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`, or in C :func:`~cl_lightning.nn.native.cbp_mse_steps`);
+        step ``t`` draws from the generator of step ``steps taken + t``."""
         xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
         layers, optimizer, first = list(self.net.layers), run.optimizer, self._steps
         if in_c:

@@ -1,11 +1,9 @@
-"""Step engines: what runs a training batch's predict-then-learn steps, chosen once per learner
-(``step_kernel``; docs/architecture.md, "Step engines").
+"""Step engines: what runs a training batch's predict-then-learn steps, chosen once per learner (``step_kernel``;
+docs/architecture.md, "Step engines": what each refuses, and when).
 
-A learner that takes :class:`~cl_lightning.contract.StreamSteps` states its step once, ``learn_chunk(batch, run)``:
-predict one chunk, log it through the :class:`StepRun`, learn through ``run.step(loss)``. Its engine runs a batch's
-``K`` chunks in arrival order, in manual optimisation: :class:`AutogradEngine` through Lightning's optimiser,
-:class:`FusedEngine` through the learner's ``learn_fused`` (autograd's numbers bit for bit), :class:`NativeEngine`
-through the same steps in C (to float32 rounding per step). What each refuses, and when, is the architecture page's.
+A learner states its step once, ``learn_chunk(batch, run)``; its engine runs a batch's ``K`` chunks in arrival order,
+in manual optimisation: :class:`AutogradEngine` through Lightning's optimiser, :class:`FusedEngine` through the
+learner's ``learn_fused`` (bit for bit), :class:`NativeEngine` through the same steps in C (to float32 rounding).
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values 
 
 
 class SteppedLearner(Protocol):
-    """What an engine uses of a learner, all public (``ContinualLearner`` has it; the base imports this module)."""
+    """What an engine uses of a learner (``ContinualLearner`` has it; the base imports this module)."""
 
     trainer: Trainer
     task_type: str
@@ -126,14 +124,14 @@ class AutogradEngine:
     name = "autograd"
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """Refuse, at construction, a learner this engine cannot run (none: every chunk step runs under autograd)."""
+        """Refuse, at construction, a learner this engine cannot run (none here)."""
 
     def check_run(self, learner: SteppedLearner) -> None:
-        """Refuse, when training starts, a run this engine cannot serve (none for the autograd engine)."""
+        """Refuse, when training starts, a run this engine cannot serve (none here)."""
 
     def learn(self, learner: SteppedLearner, batch: StreamBatch | StreamSteps) -> Tensor | None:
-        """The batch's chunks in arrival order, each predicted, then learned, before the next is seen (the one
-        chunk per batch algorithm); the task-mean terms added once; the summed losses."""
+        """The batch's chunks in arrival order, each predicted, then learned, before the next is seen; the task-mean
+        terms added once; the summed losses."""
         steps = batch if isinstance(batch, StreamSteps) else StreamSteps(*(t[None] for t in batch))
         run, losses = StepRun(learner), []
         for i in range(steps.x.shape[0]):  # a loop over time: each chunk is learned before the next is predicted
@@ -168,11 +166,9 @@ class FusedEngine(AutogradEngine):
         self._flat: FlatOptimizer | None = None  # the optimiser on flat tensors: not module state, rebuilt from it
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """Refuse a learner without fused steps of its own chunk step, or one whose settings its fused step does not
-        compute (``fused_refusal``)."""
-        cls = type(learner).__name__
+        """Refuse a learner without fused steps of its own chunk step, or with settings they do not compute."""
         if not learner.has_fused_steps():
-            raise ValueError(f"{cls} has no {self.name} step engine: use step_kernel: autograd")
+            raise ValueError(f"{type(learner).__name__} has no {self.name} step engine: use step_kernel: autograd")
         self._refuse(learner, learner.fused_refusal())
 
     def check_run(self, learner: SteppedLearner) -> None:
@@ -180,7 +176,7 @@ class FusedEngine(AutogradEngine):
         self._refuse(learner, self.run_refusal(learner))
 
     def _refuse(self, learner: SteppedLearner, reason: str | None) -> None:
-        """Raise the one-line refusal ``reason`` names (nothing when it is ``None``)."""
+        """Raise the one-line refusal of ``reason`` (none for ``None``)."""
         if reason is not None:
             raise ValueError(
                 f"{type(learner).__name__}'s step_kernel {self.name!r} {reason}: use step_kernel: autograd"
@@ -222,15 +218,14 @@ class NativeEngine(FusedEngine):
     in_c = True
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """As the fused engine, on regression only (the C steps compute MSE), and the C kernels must build
-        (:func:`cl_lightning.nn.native.library` says why not)."""
+        """As the fused engine, on regression only (the C steps compute MSE), once the C kernels build."""
         super().check_learner(learner)
         self._refuse(learner, "fits regression only" if learner.task_type != "regression" else None)
         native.library()
 
     def run_refusal(self, learner: SteppedLearner) -> str | None:
-        """As the fused engine, and the kernel implements the optimiser (Adam / AdamW or AdamGnT, as the learner's
-        :attr:`native_optimizer`) on float32 parameters."""
+        """As the fused engine, and the kernel implements the optimiser (the learner's :attr:`native_optimizer`) on
+        float32 parameters."""
         reason = super().run_refusal(learner)
         if reason is not None:
             return reason
@@ -256,8 +251,8 @@ def step_engine(step_kernel: StepKernel, learner: SteppedLearner) -> AutogradEng
 
 def check_steps(learner: SteppedLearner, data: Any, world_size: int) -> None:
     """Refuse, when the fit starts, ``StreamSteps`` batches (``data.steps_per_batch`` > 1) the run cannot learn: a
-    learner without a step engine (it learns one chunk per training batch: ``TypeError``), several processes, or
-    chunks that do not divide every task's training portion (``ValueError``). The one place they are checked."""
+    learner without a step engine (``TypeError``), several processes, or chunks that do not divide every task's
+    training portion (``ValueError``)."""
     steps = getattr(data, "steps_per_batch", 1)
     if steps == 1:
         return

@@ -7,9 +7,8 @@ are kept in preallocated buffers (a ring of K slots; empty slots have F = 0), an
 
     L = CE + (λ/2) Σ_k Σ_i F_k,i (θ_i − θ*_k,i)²
 
-Task-aware: it reads the finished task's data from the data module, through
-:class:`cl_lightning.contract.EpisodeSource` (``task_batches``), never from the stream's internals. DDP: every rank
-computes the same Fisher from the whole task (every rank gets all of it), so penalties agree.
+Task-aware: it reads the finished task's data through :class:`cl_lightning.contract.EpisodeSource`. DDP: every rank
+computes the same Fisher from the whole task, so penalties agree.
 """
 
 from __future__ import annotations

@@ -39,15 +39,13 @@ class FullAttention(ReplayLearner):
         memory_size: FIFO buffer capacity (authors' code: 100 on PMNIST, 200 on Split Tiny ImageNet).
         support_size: Support tokens per query (PMNIST: 99; Split: 199 in the code, 180 in the paper).
         queries_per_step: Newest stored examples used as queries per step (authors' code: 1, the newest).
-        admit_last: Only the last ``admit_last`` examples of each chunk enter the buffer (authors' PMNIST code:
-            100 of 400); ``None`` admits every example.
+        admit_last: Only each chunk's last ``admit_last`` examples enter the buffer (PMNIST code: 100); ``None``: all.
         num_layers: Attention layers (PMNIST: 10; Split: 3; SCR: 2 in the code, 1 in the paper).
-        embed_dim: Optional linear projection (no activation) of the encoded input before tokenising (the Split
-            code's ``fc1``: 128); ``None`` uses the encoder's features directly.
-        isolate_queries: How several queries are scored at once. ``"sequence"`` (authors' model): each query gets
-            its own sequence ``[supports, query]`` with full attention, so supports also attend to the query.
-            ``"mask"``: all queries share one sequence and :func:`~cl_lightning.nn.transformer.support_mask` lets
-            supports see supports only and each query the supports and itself (cheaper; a different model).
+        embed_dim: Width of a linear projection (no activation) of the encoded input before tokenising (the Split
+            code's ``fc1``: 128); ``None``: no projection.
+        isolate_queries: ``"sequence"`` (authors' model: each query its own sequence ``[supports, query]``) or
+            ``"mask"`` (one sequence; supports see supports only, each query the supports and itself: cheaper, a
+            different model).
         encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN).
         optimizer: Optimiser factory (PMNIST: Adam, lr 5e-4; Split and SCR: 1e-4).
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s but ``buffer_mode`` (always FIFO):

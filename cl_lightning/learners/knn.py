@@ -43,8 +43,7 @@ def knn_predict(
 
 
 def _no_optimizer(params: Any) -> None:
-    """kNN's optimiser factory: it is never called (with no parameters, ``configure_optimizers`` returns nothing;
-    Lightning still runs every epoch and evaluation, as the tests check)."""
+    """kNN's optimiser factory, never called (with no parameters ``configure_optimizers`` returns nothing)."""
     raise AssertionError("KNN has nothing to optimise")
 
 
@@ -78,8 +77,7 @@ class KNN(ReplayLearner):
         self.k, self.weighting, self.bandwidth = k, weighting, bandwidth
 
     def setup(self, stage: str) -> None:
-        """Refuse DDP with a clear message: torch's ``DistributedDataParallel`` wraps only modules with trainable
-        parameters, and kNN has none (it would only split each chunk between separate buffers)."""
+        """Refuse DDP: ``DistributedDataParallel`` wraps only modules with trainable parameters, and kNN has none."""
         if self.trainer.world_size > 1:
             raise ValueError("KNN has no parameters to train across devices: run it with trainer.devices=1")
 
@@ -100,8 +98,7 @@ class KNN(ReplayLearner):
         return pred.clamp_min(1e-12).log() if classification else pred
 
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> None:
-        """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step (the engine
-        counts each chunk in ``global_step``, as Lightning's loop would, which checkpoint callbacks key on)."""
+        """Predict the incoming chunk from the buffer (online metric), then store it; no gradient step."""
         x, y, task_id = batch
         x = x.flatten(1)
         self.log_online_from_memory(x, y, run)

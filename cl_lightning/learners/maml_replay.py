@@ -7,11 +7,9 @@ support slice ``S_i`` and the query slice ``Q_i`` right after it. Per meta-updat
     θ'_i = θ − α Σ_{n<5} ∇L(S_i)   (5 SGD steps, second order: the graph runs through them)
     θ ← Adam(θ, ∇θ (1/T) Σ_i L_{θ'_i}(Q_i))
 
-Defaults follow the authors' Permuted-MNIST code, from which the figures came (each stream's settings and where the
-paper's text differs: docs/baselines.md §6). At evaluation the network adapts (5 steps) on the first
-``support_size`` examples of the episode's context, as every replay learner takes its support set (not the paper's
-set, the task's last 10 training examples), and predicts the queries; adaptation is functional (``torch.func``), so
-evaluation never changes θ.
+Defaults follow the authors' Permuted-MNIST code, from which the figures came (docs/baselines.md §6). At evaluation
+the network adapts on the first ``support_size`` context examples, as every replay learner takes its support set (the
+paper: the task's last 10 training examples); adaptation is functional (``torch.func``): θ never changes.
 """
 
 from __future__ import annotations
@@ -47,12 +45,10 @@ class MAMLReplay(ReplayLearner):
         inner_lr: Inner-loop learning rate α (0.01).
         first_order: Drop the second-order terms (first-order MAML); default second order as the code.
         admission_prob: Probability that a stream example enters the buffer (PMNIST, SCR: 0.1; Split: 1).
-        update_on: ``"admitted"``: each admitted example may trigger a meta-update (PMNIST); ``"chunk"``: each
-            chunk may (Split: every 10-image chunk; SCR: every 1-point chunk with probability 0.01).
+        update_on: What may trigger a meta-update: each ``"admitted"`` example (PMNIST) or ``"chunk"`` (Split, SCR).
         update_prob: Probability that a trigger performs a meta-update (PMNIST, Split: 1; SCR: 0.01).
         start_when_full: Meta-update only once the buffer is full (the code); else once every region fits a slice.
-        online_queries: Incoming examples per chunk predicted (after adapting on the newest stored examples)
-            before learning, for the online metric.
+        online_queries: Incoming examples per chunk predicted (adapted on the newest stored) for the online metric.
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s but ``buffer_mode`` (always FIFO): the
             linked shapes, ``optimizer`` (the outer one: Adam, lr 1e-4) and ``seed`` (of admission, update and
             pseudo-task draws; they depend on ``(seed, step)`` only).
@@ -168,11 +164,8 @@ class MAMLReplay(ReplayLearner):
             self._maybe_update(gen, run)
 
     def predict_support(self, query_x: Tensor, support_x: Tensor, support_y: Tensor) -> Tensor:
-        """Adapt a copy of θ on the supports (first order, θ untouched) and predict the queries.
-
-        Runs with gradients even inside ``torch.no_grad`` or Lightning's ``inference_mode`` validation (it leaves
-        inference mode locally and clones the inputs, which may be inference tensors).
-        """
+        """Adapt a copy of θ on the supports (first order, θ untouched) and predict the queries; with gradients even
+        under ``torch.no_grad`` or Lightning's ``inference_mode`` (the inputs are cloned out of it)."""
         with torch.inference_mode(False), torch.enable_grad():
             query_x, support_x, support_y = query_x.clone(), support_x.clone(), support_y.clone()
             params = {n: p.detach() for n, p in self.net.named_parameters()}

@@ -10,12 +10,8 @@ by online regression. A slow encoder h_θ (trained online by Adam) gives, per ex
 and the fast state S ∈ R^{d_k × d_v} (per head) is written by a rule from ``cl_lightning.ops``, e.g. the delta rule
 S ← (I − β k kᵀ) S + β k vᵀ or the gated delta rule S ← α (I − β k kᵀ) S + β k vᵀ (the mechanism, every rule's state,
 write and read: ``cl_lightning.nn.fast_weights``). Readout: logits = τ · Sᵀq (τ learnable; regression reads Sᵀq),
-averaged over heads. The levers for the paper's open questions (``feature_map``, ``kv_pairs``, the rules' own
-arguments, ``encoder_training``) are the docs' §3; the protocols (``"lifelong"``: one persistent S written
-predict-then-write chunk by chunk, gradients truncated at chunk starts; ``"support_set"``: a fresh S per chunk) and
-the two evaluation readings (``predict_episode`` = recontext into a fresh S; **live**: the queries read from the
-live S, logged as ``eval/*_live_*``) its §4. Under DDP each rank keeps its own S, written with its share of each
-chunk.
+averaged over heads. The levers are the docs' §3; the protocols and the two evaluation readings (recontext into a
+fresh S, and **live**, logged as ``eval/*_live_*``) its §4. Under DDP each rank keeps its own S.
 """
 
 from __future__ import annotations
@@ -57,9 +53,8 @@ class ParametricAttention(ContinualLearner):
         temperature: Initial readout temperature τ of the classification logits (learnable, kept positive).
         feature_map: Key/query map φ applied before L2 normalisation: ``"identity"``, ``"elu1"``, ``"poly2"``
             (key_dim must be a square: the key projection has √key_dim outputs) or ``"random_fourier"``.
-        kv_pairs: Key–value pairs written per example (the key projection makes P keys, each paired with the
-            example's value; the example is read with the mean of its P queries); linear-readout rules only. Gates,
-            windows and mini-batches count pairs, not examples (a gate applies at every pair's write).
+        kv_pairs: Key–value pairs P written per example (P keys, each with the example's value; read with the mean
+            of the P queries); linear-readout rules only. Gates, windows and mini-batches count pairs, not examples.
         encoder_training: ``"online"`` (the key path trained with the rest), ``"frozen_random"`` (encoder, body
             and key projection never trained) or ``"frozen_after_first_task"``.
         optimizer: Optimiser factory for the slow parameters (default: Adam, lr 1e-4).
@@ -222,8 +217,7 @@ class ParametricAttention(ContinualLearner):
 
     def output_layer(self) -> nn.Module:
         """The last trained layer on the read-out path (β and the gates only shape the writes): the key (= query)
-        projection of τ · Sᵀ φ(W_k h), or the rule's own (TTT-Linear's value embedding its reading is mapped back
-        through)."""
+        projection of τ · Sᵀ φ(W_k h), or the rule's own (TTT-Linear's value embedding)."""
         layer = self.rule.output_layer(self)
         return self.key_proj if layer is None else layer
 
@@ -232,6 +226,5 @@ class ParametricAttention(ContinualLearner):
         return {f"body.layers.{i}": layer for i, layer in enumerate(self.body.layers)}
 
     def context_memory_bytes(self) -> int:
-        """Bytes of the fast state (every buffer of it): the learner's whole context memory, constant over the
-        stream."""
+        """Bytes of the fast state (every buffer of it): the whole context memory, constant over the stream."""
         return tensor_bytes(as_tuple(self.live_state()))

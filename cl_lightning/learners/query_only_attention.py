@@ -38,32 +38,23 @@ class QueryOnlyAttention(ReplayLearner):
         memory_size: Replay buffer capacity (authors' PMNIST code: 50,000; the paper's table: = support size).
         support_size: Window / support-set size (V1: 1,000; V2: 200). Evaluation uses this many context examples.
         sampler: ``"window"`` (authors' contiguous window), ``"uniform"`` (distinct uniform draws) or
-            ``"sliding"`` (the paper's regression sampler: the newest stored example is the query and the
-            ``support_size`` stored just before it the supports; with chunks of one and ``memory_size =
-            support_size + 1``, the current stream point against the 100 points before it).
+            ``"sliding"`` (the paper's regression sampler: the newest stored example against the ``support_size``
+            stored just before it).
         queries_per_step: Queries per training step (paper: 1).
         start_when_full: Train only once the buffer is full (authors' code); else once it holds one support set.
         hidden: Scorer width (paper: 100).
         num_hidden_layers: Scorer hidden → hidden layers (paper: 9).
-        use_labels: Feed ``onehot(y_j)`` to the scorer (paper: yes on Permuted MNIST, no on regression and on
-            Split Tiny ImageNet).
+        use_labels: Feed ``onehot(y_j)`` to the scorer (paper: on Permuted MNIST only).
         encoder: ``"flatten"`` or ``"cnn"`` (the paper's shared CNN: the scorer then sees CNN features of both).
-        online_queries: Incoming examples per chunk predicted before learning, for the online metric (ours, not the
-            authors'), each from the newest ``support_size`` stored examples (the predictor that training and
-            evaluation use). One suffices (docs/protocol.md §2 gives its standard error); each costs a no-gradient
-            pass over ``support_size`` pairs, about a fifth of a V1 training step (``benchmarks/online_metric.py``).
+        online_queries: Incoming examples per chunk predicted from the newest ``support_size`` stored examples
+            before learning, for the online metric (ours; one suffices: docs/protocol.md §2).
         eval_across_ranks: Under DDP, split each evaluation episode's queries across the ranks and gather the
-            answers (the same predictions, 1/W of the work per rank). Every rank must receive every episode: set
-            ``trainer.use_distributed_sampler: false`` (a clear error says so otherwise).
-        compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``
-            (inductor); evaluation and the online metric stay eager (their blocked path already runs at the
-            matrix-product rate). Off by default: on the CPU a short run pays more for the compilation than the
-            compiled steps save (measured: :mod:`cl_lightning.nn.compiled`).
-        compile_mode: ``torch.compile``'s mode; ``"reduce-overhead"`` adds CUDA graphs on CUDA (not measured: no
-            GPU was lent when this was written).
-        step_kernel: The step engine, as :class:`~cl_lightning.learners.Backprop`'s: ``"autograd"`` (default),
-            ``"fused"`` or ``"native"``; the fused steps here are label-free regression with one point a chunk and
-            the sliding sampler, taken once each step's query is the incoming point (hand-written scorer gradients).
+            answers; needs ``trainer.use_distributed_sampler: false``.
+        compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``;
+            evaluation stays eager. Off by default: a short CPU run pays more to compile than it saves.
+        compile_mode: ``torch.compile``'s mode (``"reduce-overhead"`` adds CUDA graphs on CUDA).
+        step_kernel: The step engine, as :class:`~cl_lightning.learners.Backprop`'s; ``"fused"`` and ``"native"``
+            here: label-free regression, one point a chunk, the sliding sampler (hand-written scorer gradients).
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
             linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """
@@ -160,13 +151,11 @@ class QueryOnlyAttention(ReplayLearner):
         return None
 
     def fused_ready(self, batch: StreamSteps, start: int) -> bool:
-        """Once chunk ``start`` is its step's query over the ``support_size`` points before it
-        (:meth:`_online_is_the_query`); before, the buffer fills (no step, or none with the incoming query)."""
+        """Once chunk ``start`` is its step's query over the ``support_size`` points before it."""
         return self._online_is_the_query(batch.x[start].flatten(1))
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..``, point ``t`` the query of step ``t`` over the ``S`` points before it, the first
-        step's being :meth:`memory_support` (each later point joins them), through
+        """Chunks ``start..``, point ``t`` the query of step ``t`` over the ``S`` points before it, through
         :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` or its C form."""
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
         sx, sy = self.memory_support()
@@ -178,9 +167,8 @@ class QueryOnlyAttention(ReplayLearner):
         return run.add_fused(preds, y[:, None], 1)
 
     def _online_is_the_query(self, x: Tensor) -> bool:
-        """Whether the online prediction of ``x`` equals this step's training prediction: the buffer answers before
-        and is ready after storing the point, which is then the query, its supports the online metric's support set
-        (:func:`~cl_lightning.memory.support_sampler.query_is_incoming`: the ``support_size`` stored before it)."""
+        """Whether the online prediction of ``x`` is this step's training prediction: the buffer answers before and
+        is ready after storing the point, which is then the query over the online metric's support set."""
         return (
             query_is_incoming(self.sampler, self.buffer, self.queries_per_step, x.shape[0])
             and self.online_queries >= 1
@@ -202,7 +190,7 @@ class QueryOnlyAttention(ReplayLearner):
         return self.loss(pred, qy), pred
 
     def configure_optimizers(self) -> torch.optim.Optimizer | None:
-        """The optimiser factory's optimiser, Adam switched to its fused kernel (same update, ~10x faster here)."""
+        """The optimiser factory's optimiser, Adam switched to its fused kernel (the same update)."""
         return prefer_fused(super().configure_optimizers())
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

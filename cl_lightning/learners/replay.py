@@ -1,13 +1,10 @@
 """The base of the learners whose memory is a replay buffer (kNN, query-only attention, full attention, MAML).
 
-What they share: a buffer of the stream's examples (inputs stored flat, labels or regression targets), an online
-metric predicted from the newest stored examples before the chunk is stored, episodes answered from the first
-``support_size`` context examples (or, with no context, the newest stored ones), and one rule for steps while the
-memory fills: no step at all. The rule is DDP-safe because the learners optimise manually (their step engine:
-Lightning refuses a skipped automatic step under DDP) and because every rank skips the same chunks: the data module
-gives every rank an equal share of every chunk, so every rank's buffer holds the same number of examples and every
-rank's readiness, drawn from the same ``(seed, step)`` generators, flips on the same chunk. A rank never calls
-backward alone.
+What they share: a buffer of the stream's examples (inputs stored flat), an online metric predicted from the newest
+stored examples before the chunk is stored, episodes answered from the first ``support_size`` context examples (or,
+with no context, the newest stored ones), and no step while the memory fills. That is DDP-safe: they optimise
+manually (Lightning refuses a skipped automatic step under DDP), and every rank gets an equal share of every chunk, so
+every rank's readiness (drawn from the same ``(seed, step)``) flips on the same chunk: no rank calls backward alone.
 """
 
 from __future__ import annotations
@@ -32,16 +29,12 @@ class ReplayLearner(ContinualLearner):
     (usually :meth:`log_online_from_memory`, ``self.buffer.add``, then ``run.step`` once :meth:`ready`) and
     :meth:`output_layer`; learners that step override :attr:`ready_size`.
 
-    The head of the replay learners: they take these arguments, and :class:`ContinualLearner`'s, through
-    ``**kwargs`` (re-declaring those whose default differs).
-
     Args:
         memory_size: Buffer capacity.
         buffer_mode: ``"fifo"`` or ``"reservoir"``.
         support_size: Supports per prediction while training (drawn from the buffer) and the most an evaluation
-            episode's context lends (its first ``min(support_size, data.context_size)`` examples). Not linked to
-            ``data.context_size``: the paper's settings differ on purpose (full attention: 99 supports from a FIFO of
-            100, episodes of 100 on Permuted MNIST and 180 on Split Tiny ImageNet; MAML: 10 supports per pseudo-task).
+            episode's context lends (its first ``min(support_size, data.context_size)``; not linked: the paper's
+            settings differ on purpose, e.g. full attention's 99 supports against episodes of 100).
         online_queries: Incoming examples per chunk predicted before they are stored, for the online metric.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer`` and
             ``seed`` (the learner's draws depend on ``(seed, step)`` only).

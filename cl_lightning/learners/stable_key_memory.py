@@ -1,11 +1,8 @@
 """Stable-key memory: a constant-memory fast-weight learner built on what empties parametric attention's state.
 
 McDermott, Heath Jr., Parhi (2026, arXiv:2606.25342) ask for a bounded, eviction-free context memory (properties 1
-and 4) and name limited memory capacity as why today's parametric attention falls short. The lifelong-ICL study
-(issue 24) measured three causes in ``ParametricAttention``: keys written under an old slow encoder no longer match
-the new one's queries (drift, lag 20); keys made from a hidden layer of width 128 have rank <= 128 whatever d_k is,
-and ReLU features are all-positive, so keys of unrelated inputs have |cos| 0.4-0.7 (capacity); and on Permuted
-MNIST 2,000 error-driven writes per task move every old readout of a single state (write volume, lag 5). So:
+and 4). Against the three causes measured in ``ParametricAttention`` (docs/results/lifelong_icl.md §3: key drift
+under the slow encoder, the low rank and high |cos| of ReLU keys, the write volume on a single state):
 
     z = standardise(x),   k = sign(R z) / √d_k   (R ~ N(0, 1) fixed: no drift, rank d_k, zero mean, |cos| ≈ 0)
     route r: a chunk goes to the state m whose centroid c_m (sum of the inputs it took) is closest in cosine;
@@ -14,11 +11,9 @@ MNIST 2,000 error-driven writes per task move every old readout of a single stat
     S_r ← (I − β k kᵀ) S_r + β k vᵀ  (delta rule, or gated with α),   logits = τ · S_rᵀ k
 
 The M states are ``ParametricAttention``'s heads: a token's key is zero in every head but its route's, so the
-other states are untouched by its write and silent at its read. β (and α) come from a slow encoder trained online
-through the prequential loss, as in ``ParametricAttention``; the keys never see a gradient. Context memory: the M
-states and centroids, constant (``context_memory_bytes``); a query also reads the fixed projection R (d_k x input
-floats, ``fixed_buffers``), which ``cl_lightning.memory.accounting.memory_bytes`` counts beside it: 512,000 B for
-d_k 1,000 on 128-dim keys, 21,952 B for d_k 112 on 7x7 images.
+other states are untouched by its write and silent at its read. β (and α) come from a slow encoder trained online;
+the keys never see a gradient. Context memory: the M states and centroids, constant; a query also reads the fixed
+projection R (``fixed_buffers``), which ``cl_lightning.memory.accounting.memory_bytes`` counts too.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The per-task mean every learner logs its online metric and loss with (``ContinualLearner.log_task_mean``), and
-what a learner does with its task's means: make one on the first value of a name, add the terms a ``StreamSteps``
-batch held back (a step engine's ``StepRun``) in one update per name, and reduce them over DDP ranks at the
+"""The per-task mean every learner logs its online metric and loss with (``ContinualLearner.log_task_mean``): made
+on a name's first value, updated once per name with a step engine's held-back terms, reduced over DDP ranks at the
 task's end."""
 
 from __future__ import annotations
@@ -18,16 +17,12 @@ examples each stands for."""
 
 
 class TaskMean(Metric):
-    """Weighted mean of batch means over one task, summed over DDP ranks by torchmetrics (float64 states).
+    """Weighted mean of batch means over one task: float64 sums of ``value · weight`` and ``weight``, summed over DDP
+    ranks by torchmetrics.
 
-    ``update(value, weight)`` adds ``value · weight`` and ``weight``; the states are reduced with ``sum`` across
-    ranks, so the mean is over every rank's examples. Not ``torchmetrics.MeanMetric`` (torchmetrics 1.9): with
-    ``nan_strategy="disable"`` it drops the weights (the weighted mean of 1 (weight 1) and 3 (weight 3) comes out
-    2.0, not 2.5); the other strategies test for NaN with a host synchronisation per update and, except
-    ``"error"``, silently drop a NaN loss from the mean; and an update costs 89–93 µs against 36–41 µs here and
-    22 µs for the plain tensor sums this replaced (one thread, best of 5 × 20,000, on a loaded 2-core machine). A
-    learner's two calls a step cost 71 µs against 47 µs before: about 1 % of a one-point slowly-changing-regression
-    step (2.5 ms). A NaN here stays NaN, so a diverged run shows as one.
+    Not ``torchmetrics.MeanMetric`` (1.9; timings: docs/results/overhead.md): with ``nan_strategy="disable"`` it drops
+    the weights; the other strategies synchronise with the host per update, and all but ``"error"`` drop a NaN. Here a
+    NaN stays NaN, so a diverged run shows as one.
     """
 
     full_state_update = False
@@ -72,11 +67,8 @@ def add_terms(means: dict[str, TaskMean], terms: Terms, device: torch.device) ->
 
 def reduce_task_means(means: dict[str, TaskMean], device: torch.device) -> dict[str, Tensor]:
     """The task means to log at the task's end, by name (float32), summed over DDP ranks; names no rank added to
-    are left out.
-
-    A rank may not have logged a name another rank did (nothing to predict yet): the names are gathered first, so every
-    rank reduces the same metrics in the same order and no collective waits for a rank that skips it.
-    """
+    are left out. The names are gathered first (a rank may have had nothing to predict yet), so every rank reduces
+    the same metrics in the same order."""
     names = sorted(means)
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         gathered: list[list[str] | None] = [None] * dist.get_world_size()

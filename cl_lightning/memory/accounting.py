@@ -1,22 +1,14 @@
-"""Memory accounting for budget studies: every byte a learner must keep to answer a query, in one place.
+"""Memory accounting for budget studies: every byte a learner must keep to answer a query, counted in one place
+(:func:`memory_bytes`, and :func:`row_bytes` for a buffer's rows), split three ways:
 
-A budget study compares learners "at equal bytes", so every study calls :func:`memory_bytes` (and
-:func:`row_bytes` for a buffer's rows) instead of counting on its own. It splits a learner's memory three ways:
+- ``context``: what the learner keeps of the stream: a replay buffer's rows, or a fast-weight state with its routing
+  state (``context_memory_bytes()``);
+- ``fixed``: untrained state a query reads: a fixed random projection (named in the learner's ``fixed_buffers``);
+- ``slow``: trained parameters, shown beside the budget, never in it.
 
-- ``context``: what the learner keeps of the stream: a replay buffer's rows (at the chosen precision, below), or
-  a fast-weight state with its routing state (``context_memory_bytes()``: StableKeyMemory's centroids and counter);
-- ``fixed``: untrained state a query reads and that is not a trained parameter: a fixed random projection
-  (StableKeyMemory's key matrix R, named in its ``fixed_buffers``). It is counted in the budget: a learner cannot
-  answer without it (regenerating it from its seed instead would trade these bytes for compute; not done here);
-- ``slow``: trained parameters (QOA's scorer, a fast-weight rule's encoder). They are *not* in the budget, on
-  either side, as in the budget pages; the field is there so a table can show them beside it.
-
-``budget = context + fixed``.
-
-A buffer row can be charged as the package stores it (``precision="stored"``: float32 inputs, int64 label, int64
-task id) or at the data's own precision (``precision="data"``): inputs that are exact 8-bit values (Permuted MNIST's
-pixels, k / 255) at 1 byte each, a class label at 1 byte (up to 256 classes), and no task id (kNN and QOA never
-read it). On Permuted MNIST's 7x7 images a row is 212 B stored and 50 B at the data's precision.
+``budget = context + fixed``. A buffer row is charged as stored (``precision="stored"``) or at the data's own
+precision (``"data"``: exact 8-bit inputs and labels at 1 byte each, no task id, which kNN and QOA never read; a
+Permuted-MNIST 7x7 row: 212 B stored, 50 B).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A replay buffer with preallocated tensors: FIFO (the QOA paper) or reservoir sampling (Vitter's Algorithm R).
 
-Everything lives in registered buffers at final shape, so a checkpoint holds the memory and a resumed run
-continues with exactly the same contents. Indices handed out are *logical*: 0 is the oldest stored example and
-``size - 1`` the newest (for reservoir mode, storage order).
+Everything lives in registered buffers at final shape, so a checkpoint holds the memory. Indices handed out are
+*logical*: 0 is the oldest stored example and ``size - 1`` the newest (for reservoir mode, storage order).
 
-No host synchronisation per step on an accelerator: the counters a step's decisions need (examples seen, FIFO
-head) have Python-int shadows of the ``n_seen`` / ``head`` tensors (the tensors stay the checkpointed state; the
-shadows are reread from them on load), and class labels have a host copy (:meth:`ReplayBuffer.labels`), written
-from the host side of each chunk, from which the samplers draw.
+No host synchronisation per step on an accelerator: the counters (``n_seen``, FIFO ``head``) have Python-int shadows,
+reread on load, and class labels may have a host copy (:meth:`ReplayBuffer.keep_host_labels`) the samplers draw from.
 """
 
 from __future__ import annotations
@@ -59,8 +56,8 @@ class ReplayBuffer(nn.Module):
         return self.y.dtype == torch.long and self.y.dim() == 1
 
     def keep_host_labels(self) -> None:
-        """Keep a CPU copy of the class labels, from which :meth:`labels` reads (a sampler drawing from the labels
-        then needs no device-to-host copy per step). Call it on an empty buffer; class labels only."""
+        """Keep a CPU copy of the class labels for :meth:`labels` (no device-to-host copy per step). Call it on an
+        empty buffer of class labels."""
         if not self.holds_labels:
             raise ValueError("keep_host_labels() needs class labels (a buffer of long scalars)")
         if self._seen:
@@ -90,11 +87,8 @@ class ReplayBuffer(nn.Module):
         return self.x[slots], self.y[slots]
 
     def labels(self, start: int = 0, stop: int | None = None) -> Tensor:
-        """Stored targets at logical indices ``start .. stop - 1`` (default: all of them), in logical order.
-
-        A sampler that reads one window passes its range, so a step gathers ``window`` labels, not the whole buffer.
-        With :meth:`keep_host_labels` they come from the host copy, on the CPU whatever the buffer's device.
-        """
+        """Stored targets at logical indices ``start .. stop - 1`` (default: all of them), in logical order; with
+        :meth:`keep_host_labels` from the host copy, on the CPU."""
         stop = len(self) if stop is None else min(stop, len(self))
         if self._host_y is not None:
             return self._host_y[self.physical(torch.arange(start, max(start, stop)))]
@@ -114,11 +108,8 @@ class ReplayBuffer(nn.Module):
         generator: torch.Generator | None = None,
         host_y: Tensor | None = None,
     ) -> None:
-        """Insert a chunk of examples in arrival order (reservoir mode draws slots from ``generator``).
-
-        ``host_y``: with :meth:`keep_host_labels`, the chunk's labels on the CPU (the batch before its transfer to the
-        device); without it they are copied from ``y`` (a host synchronisation when ``y`` is on an accelerator).
-        """
+        """Insert a chunk of examples in arrival order (reservoir mode draws slots from ``generator``); ``host_y``:
+        with :meth:`keep_host_labels`, the chunk's CPU labels (else copied from ``y``, a host synchronisation)."""
         if self._host_y is not None and host_y is None:
             host_y = y.cpu()
         if self.mode == "fifo":

@@ -16,8 +16,6 @@ from torch import Tensor
 from cl_lightning.memory.replay_buffer import ReplayBuffer
 
 SamplerName = Literal["window", "uniform", "sliding"]
-
-
 LabelSource = Tensor | Callable[[int, int], Tensor] | None
 
 
@@ -65,12 +63,8 @@ def uniform_sample(size: int, support_size: int, num_queries: int, generator: to
 
 
 def sliding_sample(size: int, support_size: int, num_queries: int) -> tuple[Tensor, Tensor]:
-    """The paper's slowly-changing-regression sampler (docs/qoa.md §4, Algorithm 1): no randomness.
-
-    The queries are the ``num_queries`` newest stored examples (with one query per step and chunks of one: the
-    current stream point) and the supports the ``support_size`` stored just before them (the 100 immediately
-    preceding points).
-    """
+    """The paper's slowly-changing-regression sampler (docs/qoa.md §4, Algorithm 1), no randomness: the queries are
+    the ``num_queries`` newest stored examples, the supports the ``support_size`` stored just before them."""
     if support_size + num_queries > size:
         raise ValueError(f"{support_size} supports + {num_queries} queries exceed the {size} stored examples")
     idx = torch.arange(size - num_queries - support_size, size)
@@ -103,12 +97,8 @@ def query_is_incoming(sampler: SamplerName, buffer: ReplayBuffer, num_queries: i
 def draw_support(
     buffer: ReplayBuffer, sampler: SamplerName, support_size: int, num_queries: int, generator: torch.Generator
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """One training step's queries and supports from ``buffer``: ``((query_x, query_y), (support_x, support_y))``.
-
-    The indices are drawn on the host by :func:`sample_support` (the window sampler reads the class labels of one
-    window through :meth:`ReplayBuffer.labels`, from their host copy where the buffer keeps one), moved to the
-    buffer's device without waiting for it, and the examples gathered there.
-    """
+    """One training step's queries and supports from ``buffer``: ``((query_x, query_y), (support_x, support_y))``,
+    indices drawn on the host (:func:`sample_support`) and the examples gathered on the buffer's device."""
     labels = buffer.labels if buffer.holds_labels else None
     q_idx, s_idx = sample_support(sampler, labels, len(buffer), support_size, num_queries, generator)
     device = buffer.x.device
