@@ -24,6 +24,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from cl_lightning import data, learners
 from cl_lightning.errors import UsageError, did_you_mean, key_lines
 from cl_lightning.run.cli_help import HelpFormatter, package_first
+from cl_lightning.run.compose import scan_option
 
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
 
@@ -198,12 +199,12 @@ def locate(option: str, arguments: list[str]) -> str | None:
     short = ".".join(p for p in option.split(".") if p != "init_args")
     flag = re.compile(rf"--({re.escape(option)}|{re.escape(short)})(=|\.|$)")
     where = None
-    for i, arg in enumerate(arguments):
-        if arg == "--config" and i + 1 < len(arguments):
-            lines = key_lines(arguments[i + 1])
+    for given, arg in scan_option(arguments, "--config"):
+        if given:
+            lines = key_lines(arg)
             for key in (tuple(option.split(".")), tuple(short.split("."))):
                 if key in lines:
-                    where = f"{arguments[i + 1]}:{lines[key]}"
+                    where = f"{arg}:{lines[key]}"
                     break
         elif flag.match(arg):
             where = None

@@ -28,7 +28,7 @@ overlay or the command line then reaches one of them (``--callbacks.hessian.ever
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -79,6 +79,20 @@ def config_chain(path: Path, _stack: tuple[Path, ...] = ()) -> list[Path]:
     return [*chain, path]
 
 
+def scan_option(args: Sequence[str], option: str) -> Iterator[tuple[bool, str]]:
+    """``args`` as ``(True, VALUE)`` for each ``option VALUE`` or ``option=VALUE`` and ``(False, arg)`` for any other
+    argument (``option``: e.g. ``--config``)."""
+    i = 0
+    while i < len(args):
+        if args[i] == option and i + 1 < len(args):
+            yield True, args[i + 1]
+            i += 2
+        else:
+            given = args[i].startswith(f"{option}=")
+            yield given, (args[i].split("=", 1)[1] if given else args[i])
+            i += 1
+
+
 def expand_includes(args: Sequence[str]) -> list[str]:
     """Command-line arguments with each ``--config FILE`` replaced by ``--config`` of every file of its chain.
 
@@ -86,23 +100,15 @@ def expand_includes(args: Sequence[str]) -> list[str]:
     first place. ``--config`` values that are not files (jsonargparse also takes a YAML string) pass unchanged.
     """
     out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--config" and i + 1 < len(args):
-            value, i = args[i + 1], i + 2
-        elif arg.startswith("--config="):
-            value, i = arg.split("=", 1)[1], i + 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        if not Path(value).is_file():
+    for given, value in scan_option(args, "--config"):
+        if not given:
+            out.append(value)
+        elif not Path(value).is_file():
             out += ["--config", value]
-            continue
-        seen: set[Path] = set()
-        for file in config_chain(Path(value)):
-            if file.resolve() not in seen:
-                seen.add(file.resolve())
-                out += ["--config", str(file)]
+        else:
+            seen: set[Path] = set()
+            for file in config_chain(Path(value)):
+                if file.resolve() not in seen:
+                    seen.add(file.resolve())
+                    out += ["--config", str(file)]
     return out

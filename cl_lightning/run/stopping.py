@@ -25,6 +25,7 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from cl_lightning.lightning_compat import tasks_closed
 from cl_lightning.run import process_signals
 from cl_lightning.run.checkpointing import kept_checkpoint, tasks_done
+from cl_lightning.run.compose import scan_option
 
 
 def stopped_by(signum: int) -> str:
@@ -94,14 +95,7 @@ class GracefulStop(Callback):
 
 def resume_command(command_line: list[str]) -> str:
     """``python -m cl_lightning <the same arguments> --ckpt_path last`` (a ``--ckpt_path`` given before replaced)."""
-    args, skip = [], False
-    for arg in command_line:
-        if skip or arg.startswith("--ckpt_path="):
-            skip = False
-            continue
-        skip = arg == "--ckpt_path"
-        if not skip:
-            args.append(arg)
+    args = [arg for given, arg in scan_option(command_line, "--ckpt_path") if not given]
     return f"python -m cl_lightning {shlex.join([*args, '--ckpt_path', 'last'])}"
 
 
