@@ -11,6 +11,8 @@ Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails l
 - ``LightningCLI._instantiate_trainer(config, callbacks)``: the one place the Trainer's final arguments are seen;
   routed to :meth:`CompatCLI.build_trainer`.
 - ``LightningCLI._get(config, key, default)``: reads a subcommand's section of a config.
+- ``LightningCLI._dump_config`` (fills ``config_dump``, once): the resolved config as plain data,
+  :meth:`CompatCLI.config_data`.
 - ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
 - ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state; advanced by
   :func:`count_logged_chunks` so that it counts chunks, not batches) and ``batch_progress.total.completed``
@@ -62,6 +64,11 @@ class CompatCLI(LightningCLI):
     def section(self, config: Any, key: str, default: Any = None) -> Any:
         """``key`` of the running subcommand's part of ``config`` (``LightningCLI._get``)."""
         return self._get(config, key, default=default)
+
+    def config_data(self) -> dict[str, Any]:
+        """The running subcommand's resolved config as plain data, links filled in (``LightningCLI._dump_config``)."""
+        self._dump_config()
+        return self.config_dump
 
     def seed(self) -> None:
         """Seed everything from ``--seed_everything`` (Lightning's default)."""
@@ -154,6 +161,7 @@ def missing_internals() -> list[str]:
         ("_parse_ckpt_path", ["self"]),
         ("_set_seed", ["self"]),
         ("_instantiate_trainer", ["self", "config", "callbacks"]),
+        ("_dump_config", ["self"]),
     )
     for name, params in hooks:
         hook = getattr(LightningCLI, name, None)
@@ -164,6 +172,8 @@ def missing_internals() -> list[str]:
             problems.append(f"LightningCLI.__init__ no longer calls {call}")
     if "self._instantiate_trainer(" not in _source(LightningCLI.instantiate_trainer):
         problems.append("LightningCLI.instantiate_trainer no longer calls self._instantiate_trainer(...)")
+    if "self.config_dump = " not in _source(getattr(LightningCLI, "_dump_config", None)):
+        problems.append("LightningCLI._dump_config no longer sets self.config_dump")
     if list(inspect.signature(LightningCLI._get).parameters)[:4] != ["self", "config", "key", "default"]:
         problems.append("LightningCLI._get(config, key, default) is gone or has another signature")
     logger = "".join(_source(cls) for cls in TensorBoardLogger.__mro__ if cls.__module__.startswith("lightning"))

@@ -157,11 +157,10 @@ class CLI(CompatCLI):
 
     def after_instantiate_classes(self) -> None:
         """Record the data config in checkpoints; check a resumed checkpoint against the config."""
-        if self.subcommand == "fit":
-            self._dump_config()
-            self.trainer.callbacks.append(DataRecord(self.config_dump.get("data") or {}))
+        data = (self.config_data().get("data") or {}) if self.subcommand == "fit" else None
+        if data is not None:
+            self.trainer.callbacks.append(DataRecord(data))
         if self.resume is not None:
-            data = (self.config_dump.get("data") or {}) if self.subcommand == "fit" else None
             accept = bool(self.config[self.subcommand].get("accept_changed_hparams"))
             check_resumed(self.resume, self.model, self.trainer, data, accept)
 
