@@ -28,7 +28,7 @@ from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study import childproc
 from cl_lightning.study.childproc import passing_signals, received
 from cl_lightning.study.suite import Suite, Trial, check_seeds, load_suite
-from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
+from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, resume_point, run_trial, trial_state
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -167,7 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.dry_run:  # writes nothing
         for t in trials:
             state = trial_state(t, opts.root)
-            ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
+            ckpt = resume_point(t.log_dir(opts.root)) if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
     suite_dir.mkdir(parents=True, exist_ok=True)

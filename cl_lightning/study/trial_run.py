@@ -50,7 +50,7 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     log_dir = trial.log_dir(root)
     if _record(log_dir).get("status") == FINISHED:
         return FINISHED
-    return "resume" if _resume_point(log_dir) is not None else "new"
+    return "resume" if resume_point(log_dir) is not None else "new"
 
 
 def _record(log_dir: Path) -> dict[str, Any]:
@@ -59,9 +59,10 @@ def _record(log_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _resume_point(log_dir: Path) -> Path | None:
+def resume_point(log_dir: Path) -> Path | None:
     """The checkpoint ``fit --ckpt_path last`` would take in this run folder: ``last.ckpt``, or the most finished of
-    Lightning's versioned ``last-vN.ckpt`` beside it (written when the run folder had moved)."""
+    Lightning's versioned ``last-vN.ckpt`` beside it (written when the run folder had moved); the sweep's dry run
+    names it too."""
     from cl_lightning.run.checkpointing import last_checkpoint  # Lightning only when a trial runs
 
     return last_checkpoint(log_dir)
@@ -110,7 +111,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     record = _record(log_dir)
     if record.get("status") == FINISHED:  # finished by another sweep while this one waited for the lock
         return record | {"skipped": True}
-    ckpt = _resume_point(log_dir)  # once: with several last*.ckpt it opens each
+    ckpt = resume_point(log_dir)  # once: with several last*.ckpt it opens each
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
             stale.unlink()
