@@ -156,7 +156,6 @@ def missing_internals() -> list[str]:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     problems = []
-    init = _source(LightningCLI.__init__)
     hooks = (
         ("_parse_ckpt_path", ["self"]),
         ("_set_seed", ["self"]),
@@ -167,13 +166,15 @@ def missing_internals() -> list[str]:
         hook = getattr(LightningCLI, name, None)
         if hook is None or list(inspect.signature(hook).parameters) != params:
             problems.append(f"LightningCLI.{name}{params} is gone or has another signature")
-    for call in ("self._parse_ckpt_path()", "self._set_seed()"):
-        if call not in init:
-            problems.append(f"LightningCLI.__init__ no longer calls {call}")
-    if "self._instantiate_trainer(" not in _source(LightningCLI.instantiate_trainer):
-        problems.append("LightningCLI.instantiate_trainer no longer calls self._instantiate_trainer(...)")
-    if "self.config_dump = " not in _source(getattr(LightningCLI, "_dump_config", None)):
-        problems.append("LightningCLI._dump_config no longer sets self.config_dump")
+    uses = (
+        ("__init__", "self._parse_ckpt_path()"),
+        ("__init__", "self._set_seed()"),
+        ("instantiate_trainer", "self._instantiate_trainer("),
+        ("_dump_config", "self.config_dump = "),
+    )
+    for method, code in uses:
+        if code not in _source(getattr(LightningCLI, method, None)):
+            problems.append(f"LightningCLI.{method} no longer runs `{code.strip()}`")
     if list(inspect.signature(LightningCLI._get).parameters)[:4] != ["self", "config", "key", "default"]:
         problems.append("LightningCLI._get(config, key, default) is gone or has another signature")
     logger = "".join(_source(cls) for cls in TensorBoardLogger.__mro__ if cls.__module__.startswith("lightning"))

@@ -22,9 +22,21 @@ from types import FrameType
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class FirstSignal:
+    """Keeps the first signal :meth:`record` is given (a later one changes nothing): this module's while the process
+    starts, :class:`~cl_lightning.run.stopping.GracefulStop`'s while the command runs."""
+
+    signum: int | None = None
+
+    def record(self, signum: int | None, frame: FrameType | None = None) -> None:
+        """A signal handler; ``None`` (no signal) keeps nothing."""
+        if self.signum is None:
+            self.signum = signum
+
+
 @dataclass
-class _State:
-    signum: int | None = None  # the first signal recorded while starting
+class _State(FirstSignal):
+    signum: int | None = None
     finished: bool = False  # the command finished: a signal gets the line
     said: bool = False  # the line was written
 
@@ -50,8 +62,8 @@ def _say_finished(signum: int) -> None:
 def _on_signal(signum: int, frame: FrameType | None) -> None:
     if _state.finished:
         _say_finished(signum)
-    elif _state.signum is None:
-        _state.signum = signum
+    else:
+        _state.record(signum)
 
 
 def watch() -> None:

@@ -16,7 +16,6 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 from lightning.pytorch import Callback, Trainer
@@ -26,6 +25,7 @@ from cl_lightning.lightning_compat import tasks_closed
 from cl_lightning.run import process_signals
 from cl_lightning.run.checkpointing import kept_checkpoint, tasks_done
 from cl_lightning.run.compose import scan_option
+from cl_lightning.run.process_signals import FirstSignal
 
 
 def stopped_by(signum: int) -> str:
@@ -41,7 +41,7 @@ class StopRequested(Exception):  # noqa: N818 - a request, not an error
         self.signum = signum
 
 
-class GracefulStop(Callback):
+class GracefulStop(FirstSignal, Callback):
     """Records SIGTERM / SIGINT while installed and stops the run at the next batch (training or evaluation).
 
     A second signal changes nothing (the first is kept): a step is not cut short, so ``kill -9`` is the way to end
@@ -56,10 +56,8 @@ class GracefulStop(Callback):
         """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`, taking over a signal the process
         received while it started (:func:`cl_lightning.run.process_signals.take`)."""
         for signum in process_signals.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
-        early = process_signals.take()
-        if early is not None:
-            self._handle(early, None)
+            self._previous[signum] = signal.signal(signum, self.record)
+        self.record(process_signals.take())
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced."""
@@ -71,10 +69,6 @@ class GracefulStop(Callback):
         """The run ran to its end (call after :meth:`restore`): a signal received after its last step, or from now on
         until the process exits, changes nothing but one line (:func:`cl_lightning.run.process_signals.finished`)."""
         process_signals.finished(self.signum)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum
 
     def exit(self, error: BaseException, line: Callable[[str], str]) -> NoReturn:
         """End the command stopped by ``error``: one line on stderr, ``line`` of :func:`stopped_by` the signal (the
