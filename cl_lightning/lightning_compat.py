@@ -1,29 +1,11 @@
-"""Every use of Lightning's private API, in one place, with a check that it is still there.
+"""Every use of Lightning's private API, under public names, with a check that it is still there.
 
-The CLI overrides three private LightningCLI hooks and reads or writes a few private attributes, for which Lightning
-has no public equivalent. They live here under public names, and :func:`missing_internals` lists any that a
-Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails loudly on it):
-
-- ``LightningCLI._parse_ckpt_path`` (called in ``__init__`` after parsing): Lightning's version replaces the
-  config's hyperparameters with the checkpoint's; :class:`CompatCLI` routes it to :meth:`CompatCLI.resolve_ckpt_path`.
-- ``LightningCLI._set_seed`` (called in ``__init__``): routed to :meth:`CompatCLI.seed` (``resolved_config``
-  parses a config without seeding).
-- ``LightningCLI._instantiate_trainer(config, callbacks)``: the one place the Trainer's final arguments are seen;
-  routed to :meth:`CompatCLI.build_trainer`.
-- ``LightningCLI._get(config, key, default)``: reads a subcommand's section of a config.
-- ``LightningCLI._dump_config`` (fills ``config_dump``, once): the resolved config as plain data,
-  :meth:`CompatCLI.config_data`.
-- ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
-- ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state; advanced by
-  :func:`count_logged_chunks` so that it counts chunks, not batches) and ``batch_progress.total.completed``
-  (training steps run by this process).
-- ``LightningModule._trainer`` (whether a module is attached, without the property's error) and the
-  optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
-  loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``),
-  advanced by :func:`count_optimizer_steps`, and the automatic loop's ``automatic_optimization.optim_progress``,
-  moved into it by :func:`adopt_automatic_steps`.
-
-This module imports nothing from the package, so every part may import it.
+:func:`missing_internals` lists what a Lightning upgrade removed or changed (``tests/test_lightning_compat.py``
+fails on it): LightningCLI's private hooks ``_parse_ckpt_path``, ``_set_seed``, ``_instantiate_trainer``, ``_get``
+and ``_dump_config`` (reached through :class:`CompatCLI`), ``TensorBoardLogger._kwargs`` (``purge_step`` has no
+public slot), the epoch loop's logging step (``_batches_that_stepped``, also in a checkpoint) and step counts,
+``LightningModule._trainer``, and the optimiser-step counters behind ``global_step`` that the step engines of
+``learners/engines.py`` advance. This module imports nothing from the package, so every part may import it.
 """
 
 from __future__ import annotations
@@ -54,7 +36,7 @@ class CompatCLI(LightningCLI):
     """LightningCLI whose private hooks are reached through public names (override those, not the private ones)."""
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` after parsing (Lightning's default: take the checkpoint's hyperparameters)."""
+        """Resolve ``--ckpt_path`` after parsing (Lightning's: take the checkpoint's hyperparameters)."""
         super()._parse_ckpt_path()
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -1,6 +1,6 @@
 """Composed configs: fragment includes and named callbacks for the command line.
 
-An experiment file states only what differs from the fragments it builds on (the lightning-hydra-template way)::
+An experiment file states only what differs from the fragments it builds on::
 
     # configs/qoa_v2_pmnist.yaml
     include: [trainer/pmnist.yaml, data/pmnist.yaml, learner/qoa.yaml]
@@ -8,22 +8,14 @@ An experiment file states only what differs from the fragments it builds on (the
       init_args:
         support_size: 200
 
-``include`` lists files relative to the including file; each is applied as an earlier ``--config`` (recursively,
-its own includes first), so the including file overrides them key by key, exactly as an overlay given after it on
-the command line does. The key is read here, before jsonargparse parses anything, and is not part of the resolved
-config (``--print_config`` and each run's saved ``config.yaml`` are complete and include nothing).
+``include`` lists files relative to the including file, each applied as an earlier ``--config`` (its own includes
+first), so the including file and later overlays override them key by key; the key is read before jsonargparse
+parses and is no part of the resolved config. Not jsonargparse's nested config files: one (``model:
+learner/qoa.yaml``) fills its group whole, and a fragment spanning groups has no group to be nested under.
 
-Why not jsonargparse's own composition: a nested config file (``model: learner/qoa.yaml``) fills one group whole,
-so the file naming it cannot change one key of that group, and a fragment spanning groups (``trainer/default.yaml``
-sets the seed, the Trainer and the callback slots) has no group to be nested under. Repeated ``--config`` does
-compose key by key, and ``include`` is only the list of them kept in the experiment file, so that a suite, the
-README and the command line name one file instead of four.
-
-Callbacks a config wants to change one setting of live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`),
-instead of the anonymous ``trainer.callbacks`` list, which a later config can only replace whole. Each slot is typed
-by its callback's class, so ``fit --help`` lists that class's arguments and a config may leave ``class_path`` out. An
-overlay or the command line then reaches one of them (``--callbacks.hessian.every_n_tasks=5``);
-``--callbacks.hessian=null`` turns it off. ``trainer.callbacks`` still takes any further callbacks.
+Callbacks a config tunes live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`), each typed by its class
+(``class_path`` optional), rather than in ``trainer.callbacks``, which a later config can only replace whole:
+``--callbacks.hessian.every_n_tasks=5``, ``--callbacks.hessian=null``.
 """
 
 from __future__ import annotations
