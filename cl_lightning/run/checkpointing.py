@@ -6,6 +6,7 @@ What ``--ckpt_path`` does to the run (a resume continues the *same* run, in its 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -67,16 +68,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def _fsync_folder(folder: Path) -> None:
     """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def remove_temp_files(folder: Path) -> list[Path]:

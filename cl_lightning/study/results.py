@@ -1,9 +1,7 @@
 """A suite's results in memory and the aggregations over seeds that the report's table and figures share.
 
 An :class:`Experiment` holds one experiment's per-task curves (``(seeds, tasks)`` arrays, NaN where a seed logged
-nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy, no files:
-:mod:`cl_lightning.study.report` reads the event files into experiments, :mod:`cl_lightning.study.report_tables`
-writes the tables, :mod:`cl_lightning.study.report_figures` draws them.
+nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
 """Run a suite: ``python -m cl_lightning sweep configs/suites/X.yaml`` (the file format:
 :mod:`cl_lightning.study.suite`).
 
-Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
-into ``<root>/<suite>/<experiment>/seed_<s>/``; a re-run skips the finished trials and resumes the others
-(:mod:`cl_lightning.study.trial_run`). A SIGTERM / SIGINT to the sweep stops the running fits
-(:mod:`cl_lightning.study.childproc`) and starts no further trial.
-
-Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
-``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
-folder must then be on a file system every node sees). Without Ray they run one after another.
+Every trial is a ``python -m cl_lightning fit`` in its own process (:mod:`cl_lightning.study.trial_run`); a re-run
+skips the finished trials and resumes the others; a SIGTERM / SIGINT stops the running fits and starts no further
+trial. Trials run on Ray when it is installed (one per GPU, or per ``--cpus-per-trial`` cores; on a cluster the
+suite folder must be on a file system every node sees), else one after another.
 """
 
 from __future__ import annotations
