@@ -66,7 +66,7 @@ SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
 
 
 class CLI(CompatCLI):
-    """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
+    """LightningCLI with the stream → learner links, one epoch per task, and the safeguards of a run."""
 
     resume: Resume | None = None
     command_line: ClassVar[list[str]] = []  # the arguments after ``python -m cl_lightning``, for the resume hint
