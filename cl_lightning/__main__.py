@@ -1,15 +1,11 @@
-"""``python -m cl_lightning`` (and the ``cl-lightning`` script) runs the command line: ``fit``/``validate``/``test``
-(LightningCLI, :mod:`cl_lightning.run.cli`), ``sweep`` (a suite of experiments × seeds,
-:mod:`cl_lightning.study.sweep`) and ``report`` (its figures and table, :mod:`cl_lightning.study.report`). Every
-command reports a mistake in one ``error:`` line with exit code 2 (:mod:`cl_lightning.errors`). In a ``fit`` a
-SIGTERM / SIGINT has a defined outcome from before the CLI is imported until the process has exited
-(:mod:`cl_lightning.run.process_signals`)."""
+"""``python -m cl_lightning``: ``fit`` / ``validate`` / ``test`` (:mod:`cl_lightning.run.cli`), ``sweep``
+(:mod:`cl_lightning.study.sweep`) and ``report`` (:mod:`cl_lightning.study.report`)."""
 
 from __future__ import annotations
 
 import sys
 
-from cl_lightning.errors import did_you_mean, fail
+from cl_lightning.errors import did_you_mean, fail, guarded
 from cl_lightning.run import process_signals
 
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
@@ -21,12 +17,10 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else None
     if command == "sweep":
-        from cl_lightning.errors import guarded
         from cl_lightning.study.sweep import main as sweep
 
         sys.exit(guarded(sweep, args[1:]))
     elif command == "report":
-        from cl_lightning.errors import guarded
         from cl_lightning.study.report import main as report
 
         sys.exit(guarded(report, args[1:]))

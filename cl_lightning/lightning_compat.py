@@ -1,27 +1,11 @@
-"""Every use of Lightning's private API, in one place, with a check that it is still there.
+"""Every use of Lightning's private API, under public names, with a check that it is still there.
 
-The CLI overrides three private LightningCLI hooks and reads or writes a few private attributes, for which Lightning
-has no public equivalent. They live here under public names, and :func:`missing_internals` lists any that a
-Lightning upgrade removed or changed (``tests/test_lightning_compat.py`` fails loudly on it):
-
-- ``LightningCLI._parse_ckpt_path`` (called in ``__init__`` after parsing): Lightning's version replaces the
-  config's hyperparameters with the checkpoint's; :class:`CompatCLI` routes it to :meth:`CompatCLI.resolve_ckpt_path`.
-- ``LightningCLI._set_seed`` (called in ``__init__``): routed to :meth:`CompatCLI.seed` (``resolved_config``
-  parses a config without seeding).
-- ``LightningCLI._instantiate_trainer(config, callbacks)``: the one place the Trainer's final arguments are seen;
-  routed to :meth:`CompatCLI.build_trainer`.
-- ``LightningCLI._get(config, key, default)``: reads a subcommand's section of a config.
-- ``TensorBoardLogger._kwargs``: the SummaryWriter's arguments (``purge_step`` has no public slot).
-- ``_TrainingEpochLoop._batches_that_stepped`` (the logging step, also in a checkpoint's loop state; advanced by
-  :func:`count_logged_chunks` so that it counts chunks, not batches) and ``batch_progress.total.completed``
-  (training steps run by this process).
-- ``LightningModule._trainer`` (whether a module is attached, without the property's error) and the
-  optimiser-step counters behind ``global_step`` (the step engines of ``learners/engines.py``): the manual
-  loop's ``manual_optimization.optim_step_progress`` (``total`` and ``current``, ``ready`` and ``completed``),
-  advanced by :func:`count_optimizer_steps`, and the automatic loop's ``automatic_optimization.optim_progress``,
-  moved into it by :func:`adopt_automatic_steps`.
-
-This module imports nothing from the package, so every part may import it.
+:func:`missing_internals` lists what a Lightning upgrade removed or changed (``tests/test_lightning_compat.py``
+fails on it): LightningCLI's private hooks ``_parse_ckpt_path``, ``_set_seed``, ``_instantiate_trainer``, ``_get``
+and ``_dump_config`` (reached through :class:`CompatCLI`), ``TensorBoardLogger._kwargs`` (``purge_step`` has no
+public slot), the epoch loop's logging step (``_batches_that_stepped``, also in a checkpoint) and step counts,
+``LightningModule._trainer``, and the optimiser-step counters behind ``global_step`` that the step engines of
+``learners/engines.py`` advance. This module imports nothing from the package, so every part may import it.
 """
 
 from __future__ import annotations
@@ -52,7 +36,7 @@ class CompatCLI(LightningCLI):
     """LightningCLI whose private hooks are reached through public names (override those, not the private ones)."""
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` after parsing (Lightning's default: take the checkpoint's hyperparameters)."""
+        """Resolve ``--ckpt_path`` after parsing (Lightning's: take the checkpoint's hyperparameters)."""
         super()._parse_ckpt_path()
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
@@ -62,6 +46,11 @@ class CompatCLI(LightningCLI):
     def section(self, config: Any, key: str, default: Any = None) -> Any:
         """``key`` of the running subcommand's part of ``config`` (``LightningCLI._get``)."""
         return self._get(config, key, default=default)
+
+    def config_data(self) -> dict[str, Any]:
+        """The running subcommand's resolved config as plain data, links filled in (``LightningCLI._dump_config``)."""
+        self._dump_config()
+        return self.config_dump
 
     def seed(self) -> None:
         """Seed everything from ``--seed_everything`` (Lightning's default)."""
@@ -149,21 +138,25 @@ def missing_internals() -> list[str]:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     problems = []
-    init = _source(LightningCLI.__init__)
     hooks = (
         ("_parse_ckpt_path", ["self"]),
         ("_set_seed", ["self"]),
         ("_instantiate_trainer", ["self", "config", "callbacks"]),
+        ("_dump_config", ["self"]),
     )
     for name, params in hooks:
         hook = getattr(LightningCLI, name, None)
         if hook is None or list(inspect.signature(hook).parameters) != params:
             problems.append(f"LightningCLI.{name}{params} is gone or has another signature")
-    for call in ("self._parse_ckpt_path()", "self._set_seed()"):
-        if call not in init:
-            problems.append(f"LightningCLI.__init__ no longer calls {call}")
-    if "self._instantiate_trainer(" not in _source(LightningCLI.instantiate_trainer):
-        problems.append("LightningCLI.instantiate_trainer no longer calls self._instantiate_trainer(...)")
+    uses = (
+        ("__init__", "self._parse_ckpt_path()"),
+        ("__init__", "self._set_seed()"),
+        ("instantiate_trainer", "self._instantiate_trainer("),
+        ("_dump_config", "self.config_dump = "),
+    )
+    for method, code in uses:
+        if code not in _source(getattr(LightningCLI, method, None)):
+            problems.append(f"LightningCLI.{method} no longer runs `{code.strip()}`")
     if list(inspect.signature(LightningCLI._get).parameters)[:4] != ["self", "config", "key", "default"]:
         problems.append("LightningCLI._get(config, key, default) is gone or has another signature")
     logger = "".join(_source(cls) for cls in TensorBoardLogger.__mro__ if cls.__module__.startswith("lightning"))

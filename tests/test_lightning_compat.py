@@ -20,7 +20,7 @@ from cl_lightning.lightning_compat import (
     steps_run,
 )
 
-PRIVATE = {"_parse_ckpt_path", "_instantiate_trainer", "_get", "_kwargs", "_batches_that_stepped"}
+PRIVATE = {"_parse_ckpt_path", "_instantiate_trainer", "_get", "_dump_config", "_kwargs", "_batches_that_stepped"}
 
 
 def test_every_internal_the_adapter_uses_is_still_there() -> None:

@@ -22,7 +22,7 @@ from cl_lightning.study.report import per_task, published_numbers, read_scalars
 from cl_lightning.study.suite import Trial, load_suite
 from cl_lightning.study.sweep import main as sweep_main
 from cl_lightning.study.sweep import run_sequential
-from cl_lightning.study.trial_run import FINISHED, _resume_point, trial_state
+from cl_lightning.study.trial_run import FINISHED, resume_point, trial_state
 
 SUITES = sorted((CONFIGS / "suites").glob("*.yaml"))
 
@@ -215,16 +215,21 @@ def test_sequential_sweep_runs_skips_and_records(
     assert len(json.loads((d / "trial.json").read_text())["attempts"]) == 1
 
 
-def test_a_trial_whose_folder_moved_resumes_from_lightnings_versioned_last(tmp_path: Path) -> None:
+def test_a_trial_whose_folder_moved_resumes_from_lightnings_versioned_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     """After its run folder moved, Lightning keeps ``last.ckpt`` and writes ``last-v1.ckpt``: a sweep resumes the
     trial from the most finished of them (as ``fit --ckpt_path last`` does), never starts it over."""
-    trial = load_suite(_suite(tmp_path, [0], experiments=("a",))).trials[0]
+    suite = _suite(tmp_path, [0], experiments=("a",))
+    trial = load_suite(suite).trials[0]
     checkpoints = trial.log_dir(tmp_path / "logs") / "checkpoints"
     checkpoints.mkdir(parents=True)
     torch.save({"epoch": 3}, checkpoints / "last-v1.ckpt")
     assert trial_state(trial, tmp_path / "logs") == "resume"
     torch.save({"epoch": 1}, checkpoints / "last.ckpt")
-    assert _resume_point(trial.log_dir(tmp_path / "logs")) == checkpoints / "last-v1.ckpt"
+    assert resume_point(trial.log_dir(tmp_path / "logs")) == checkpoints / "last-v1.ckpt"
+    sweep_main([str(suite), "--root", str(tmp_path / "logs"), "--dry-run"])
+    assert f"--ckpt_path {checkpoints / 'last-v1.ckpt'}" in capsys.readouterr().out  # what the resume takes
 
 
 @pytest.mark.slow

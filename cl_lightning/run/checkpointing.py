@@ -1,17 +1,12 @@
 """Checkpoints a run can trust: atomic writes, finding a config's newest run, and checking a checkpoint fits a config.
 
-- :class:`AtomicCheckpointIO` (temporary file, fsync, rename): a process killed at any moment leaves either the old
-  checkpoint or the new one, never a truncated file.
-- What ``--ckpt_path`` does to the run, applied by the CLI (a resume continues the *same* run, in its folder):
-  :func:`open_run` before anything is built (:func:`find_resume`: the run and checkpoint it continues; a ``fit``
-  locks that run; an evaluation logs beside it, :func:`evaluation_folder`), :func:`check_resumed` once the learner
-  and the Trainer are (:func:`check_resume`: a checkpoint that does not fit the config is refused).
-
-docs/architecture.md ("The life of one run") lists the rest.
+What ``--ckpt_path`` does to the run (a resume continues the *same* run, in its folder), as the CLI applies it:
+:func:`open_run` before anything is built, :func:`check_resumed` once the learner and the Trainer are.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
@@ -48,12 +43,9 @@ class Resume:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint I/O with crash-safe local writes: temporary file, ``fsync``, then ``os.replace``.
-
-    ``os.replace`` is atomic on POSIX and Windows file systems, so a ``kill -9`` during a write leaves the previous
-    checkpoint intact (plus a stray ``*.ckpt.tmp<pid>`` file, removed by :func:`remove_temp_files` on resume).
-    Remote paths (``s3://`` …) go through Lightning's own writer.
-    """
+    """Lightning's checkpoint I/O with crash-safe local writes: temporary file, ``fsync``, then ``os.replace``
+    (atomic), so a ``kill -9`` leaves the previous checkpoint intact and a stray ``*.ckpt.tmp<pid>``
+    (:func:`remove_temp_files`). Remote paths (``s3://`` …) go through Lightning's own writer."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         """Write ``checkpoint`` to ``path`` atomically (local paths)."""
@@ -76,16 +68,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def _fsync_folder(folder: Path) -> None:
     """Make a rename durable (POSIX); a no-op where folders cannot be opened (Windows)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def remove_temp_files(folder: Path) -> list[Path]:
@@ -94,12 +82,6 @@ def remove_temp_files(folder: Path) -> list[Path]:
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
-
-
-def run_folder(ckpt_path: Path) -> Path | None:
-    """The run folder a checkpoint belongs to (``…/<version>/checkpoints/x.ckpt``), else ``None``."""
-    parent = ckpt_path.resolve().parent
-    return parent.parent if parent.name == "checkpoints" else None
 
 
 def version_of(run: Path) -> int | str:
@@ -140,9 +122,8 @@ def newest_run(experiment: Path, checkpointed: bool = False) -> Path | None:
 
 
 def last_checkpoint(run: Path) -> Path | None:
-    """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``. Where Lightning kept
-    ``last.ckpt`` and wrote ``last-v1.ckpt`` beside it (its checkpoint callback could not restore its state, e.g.
-    after the run folder moved), the one of the most finished tasks."""
+    """``checkpoints/last.ckpt`` of a run folder, else its newest ``*.ckpt``, else ``None``; of ``last.ckpt`` and the
+    ``last-vN.ckpt`` Lightning writes beside it (e.g. after the run folder moved), the most finished."""
     folder = run / "checkpoints"
     lasts = sorted(p for p in folder.glob("last*.ckpt") if p.is_file())
     if len(lasts) > 1:
@@ -191,9 +172,9 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
 def find_resume(config: Any, subcommand: str) -> Resume | None:
     """What ``--ckpt_path`` of a parsed subcommand config continues, checked to open (``None``: nothing to resume).
 
-    ``last`` is the newest checkpoint of the run the logger names (its ``version``) or else of its newest
-    ``version_N``; a ``fit`` of a run killed before its first checkpoint starts that run over in its folder. A
-    checkpoint of another config's run starts a new run. Sets ``config.ckpt_path`` to the file (or ``None``).
+    ``last``: the newest checkpoint of the run the logger's ``version`` names, else of its newest ``version_N`` (a
+    ``fit`` of a run killed before its first checkpoint starts it over in its folder). A checkpoint of another
+    config's run starts a new run. Sets ``config.ckpt_path`` to the file (or ``None``).
 
     Raises:
         CheckpointError: Nothing to resume, or a checkpoint that does not open.
@@ -222,9 +203,9 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
     else:
         path = Path(given)
     checkpoint = read_checkpoint(path)
-    run = run_folder(path)
-    if run is not None and (experiment is None or run.parent.resolve() != experiment.resolve()):
-        run = None  # another config's run: this one starts a new version
+    run = path.resolve().parent.parent  # ``<run>/checkpoints/x.ckpt``
+    if path.resolve().parent.name != "checkpoints" or experiment is None or run.parent != experiment.resolve():
+        run = None  # not a run's, or another config's run: this one starts a new version
     config.ckpt_path = str(path)
     return Resume(run, path, checkpoint)
 
@@ -242,8 +223,7 @@ def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def keyword_defaults(cls: type) -> dict[str, Any]:
-    """Each keyword argument's default along ``cls``'s classes (the nearest class's wins): what an option added
-    after a checkpoint was written stands at when the config leaves it alone."""
+    """Each keyword argument's default along ``cls``'s classes (the nearest class's wins)."""
     out: dict[str, Any] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -265,13 +245,10 @@ def hparam_differences(
     ignore: tuple[str, ...] = (),
     defaults: dict[str, Any] | None = None,
 ) -> list[str]:
-    """What differs between a checkpoint's hyperparameters and the config's, as ``key: checkpoint X, config Y``.
-
-    A different learner class is the one difference reported; Lightning's ``_instantiator`` bookkeeping and the
-    dotted keys in ``ignore`` are left out; ``prefix`` is put before each key in the messages. A key the checkpoint
-    lacks whose config value is its default (``defaults``: an option added after the checkpoint was written, left
-    alone) is no difference.
-    """
+    """What differs between a checkpoint's hyperparameters and the config's, as ``key: checkpoint X, config Y``
+    (``prefix`` before each key). A different learner class is the one difference reported; ``_instantiator`` and
+    the dotted keys in ``ignore`` are left out, and so is a key the checkpoint lacks whose config value is its
+    default (``defaults``: an option added since, left alone)."""
     a = {k: v for k, v in _flatten(dict(saved)).items() if not k.startswith("_instantiator") and k not in ignore}
     b = {k: v for k, v in _flatten(dict(current)).items() if not k.startswith("_instantiator") and k not in ignore}
     if a.get("_class_path") != b.get("_class_path"):  # another learner: its options are beside the point
@@ -301,24 +278,18 @@ def weight_mismatch(saved: dict[str, Any], current: dict[str, Any]) -> str | Non
     return None
 
 
-def _same_numbers(hparams: dict[str, Any]) -> dict[str, Any]:
-    """``hparams`` with the step engines that compute the same numbers bit for bit named alike
-    (:func:`cl_lightning.contract.step_numbers`)."""
-    if "step_kernel" in hparams:
-        return {**hparams, "step_kernel": step_numbers(hparams["step_kernel"])}
-    return dict(hparams)
-
-
 def check_resume(
     checkpoint: dict[str, Any], path: Path | None, model: LightningModule, data: dict[str, Any] | None, accept: bool
 ) -> bool:
     """Refuse (:class:`CheckpointError`) a checkpoint that does not fit the config; True when it resumes with changes.
 
-    Another learner class or weights of other shapes can never resume (``--accept_changed_hparams`` is not offered);
-    other hyperparameters, or another ``data`` config (``data``: the config's, ``None`` to skip; more tasks or another
-    ``steps_per_batch`` are fine), only with ``accept``.
+    Another learner class or weights of other shapes never resume; other hyperparameters, or another ``data``
+    (the config's, ``None`` to skip; more tasks or another ``steps_per_batch`` are fine), only with ``accept``.
     """
-    saved, current = (_same_numbers(h) for h in (checkpoint.get("hyper_parameters", {}), model.hparams))
+    saved, current = (dict(h) for h in (checkpoint.get("hyper_parameters", {}), model.hparams))
+    for hparams in (saved, current):  # step engines that compute the same numbers bit for bit compare alike
+        if "step_kernel" in hparams:
+            hparams["step_kernel"] = step_numbers(hparams["step_kernel"])
     differences = hparam_differences(saved, current, defaults=keyword_defaults(type(model)))
     record = checkpoint.get("callbacks", {}).get(DataRecord.__qualname__, {}).get("data")
     if record is not None and data is not None:
@@ -359,11 +330,8 @@ class DataRecord(Callback):
 
 
 class ConfigOptimizerValues(Callback):
-    """After a resume with accepted changes, the config's optimiser values (``lr`` …) replace the checkpoint's.
-
-    Lightning restores each optimiser's param groups, learning rate included, from the checkpoint; the optimiser's
-    ``defaults`` still hold the values it was built with from the config. The state (moments, steps) is kept.
-    """
+    """After a resume with accepted changes, the config's optimiser values (``lr`` …, kept in the optimiser's
+    ``defaults``) replace those Lightning restored into its param groups; the state (moments, steps) is kept."""
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Copy each optimiser's configured values into its restored param groups."""
@@ -387,12 +355,9 @@ def open_run(config: Any, subcommand: str) -> Resume | None:
 
 
 def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> None:
-    """Log a ``validate`` / ``test`` where no ``--ckpt_path last`` mistakes it for a run to continue, and say what it
-    evaluates when no checkpoint is given.
-
-    Evaluating a run's checkpoint logs into ``<run>/<subcommand>_K`` (beside its ``checkpoints/``); anything else
-    into ``<save_dir>/<name>/<subcommand>_K``, never a new ``version_N`` (the folders ``last`` picks from). A logger
-    ``version`` the user set is kept, unless it names the evaluated run itself.
+    """Log a ``validate`` / ``test`` into ``<run>/<subcommand>_K`` when it evaluates a run's checkpoint, else into
+    ``<save_dir>/<name>/<subcommand>_K``, never a new ``version_N`` that ``--ckpt_path last`` would take (a logger
+    ``version`` the user set is kept, unless it names the evaluated run); say what it evaluates without a checkpoint.
     """
     if resume is None or resume.checkpoint is None:
         sys.stderr.write(

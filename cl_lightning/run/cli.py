@@ -1,14 +1,7 @@
 """The command line: ``python -m cl_lightning {fit,validate,test} --config configs/X.yaml``.
 
-A LightningCLI in subclass mode: the learner is any :class:`ContinualLearner` chosen by ``class_path``, the
-benchmark is injected into the one :class:`StreamDataModule` by ``class_path``, data shapes are linked from the
-data module to the learner, and ``trainer.max_epochs`` is filled in from the stream's number of tasks.
-
-What it adds to every run, so that a run can be trusted (a mistake is one ``error:`` line and writes nothing,
-SIGTERM / SIGINT stop between two steps, one writer per run folder, a diverged run stops, ``--ckpt_path``
-continues the same run and refuses a checkpoint that does not fit, checkpoints are written atomically, no library
-noise, a closing summary), is described for users in the README ("Resume, stop, and when something goes wrong")
-and for contributors in docs/architecture.md ("The life of one run"), which names the module of each.
+A LightningCLI in subclass mode (learner and stream by ``class_path``), with what makes a run trustworthy: the
+README ("Resume, stop, and when something goes wrong") and docs/architecture.md ("The life of one run") list it.
 """
 
 from __future__ import annotations
@@ -73,7 +66,7 @@ SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
 
 
 class CLI(CompatCLI):
-    """LightningCLI with the stream → learner links, one epoch per task, and the checks of the module docstring."""
+    """LightningCLI with the stream → learner links, one epoch per task, and the safeguards of a run."""
 
     resume: Resume | None = None
     command_line: ClassVar[list[str]] = []  # the arguments after ``python -m cl_lightning``, for the resume hint
@@ -81,8 +74,7 @@ class CLI(CompatCLI):
     start_lines: ClassVar[HeldLines]  # Lightning's start-up lines, held by main() until the run starts
 
     def __init__(self, args: ArgsType = None, run: bool = True, **kwargs: Any) -> None:
-        """Any :class:`ContinualLearner` by ``class_path`` on the one :class:`StreamDataModule`, parsed by the
-        :class:`ConciseArgumentParser` (``kwargs``: LightningCLI's other arguments)."""
+        """Any :class:`ContinualLearner` on the one :class:`StreamDataModule` (``kwargs``: LightningCLI's)."""
         super().__init__(
             ContinualLearner,
             StreamDataModule,
@@ -95,11 +87,9 @@ class CLI(CompatCLI):
         )
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link the data module's shapes into the learner (they are never typed in a config); add
-        ``--accept_changed_hparams``, config composition (:mod:`cl_lightning.run.compose`: ``include``, read before
-        parsing, hidden and never dumped; the named callback slots ``callbacks.<name>``) and the Trainer setting the
-        code requires (``trainer.reload_dataloaders_every_n_epochs: 1``, one task per epoch: the data module checks
-        it)."""
+        """Link the data module's shapes into the learner; add ``--accept_changed_hparams``, ``include`` (hidden) and
+        the callback slots (:mod:`cl_lightning.run.compose`); one task per epoch needs
+        ``reload_dataloaders_every_n_epochs: 1``."""
         for name in ("input_shape", "num_outputs", "task_type"):
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_argument(
@@ -128,9 +118,8 @@ class CLI(CompatCLI):
         super().parse_arguments(parser, expanded)
 
     def resolve_ckpt_path(self) -> None:
-        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.checkpointing.open_run`);
-        never let the checkpoint's hyperparameters replace the config's, as Lightning's own version does (they are
-        compared after instantiation instead)."""
+        """Resolve ``--ckpt_path`` and lock the run it continues (:func:`~cl_lightning.run.checkpointing.open_run`),
+        keeping the config's hyperparameters (Lightning's version takes the checkpoint's)."""
         sub = self.config.get("subcommand")
         self.resume = open_run(self.config[sub], sub) if sub else None
 
@@ -157,18 +146,17 @@ class CLI(CompatCLI):
 
     def after_instantiate_classes(self) -> None:
         """Record the data config in checkpoints; check a resumed checkpoint against the config."""
-        if self.subcommand == "fit":
-            self._dump_config()
-            self.trainer.callbacks.append(DataRecord(self.config_dump.get("data") or {}))
+        data = (self.config_data().get("data") or {}) if self.subcommand == "fit" else None
+        if data is not None:
+            self.trainer.callbacks.append(DataRecord(data))
         if self.resume is not None:
-            data = (self.config_dump.get("data") or {}) if self.subcommand == "fit" else None
             accept = bool(self.config[self.subcommand].get("accept_changed_hparams"))
             check_resumed(self.resume, self.model, self.trainer, data, accept)
 
     def build_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
-        """The Trainer, given the named callbacks (slots set to null are off; ``--trainer.enable_checkpointing=false``
-        turns the ``checkpoint`` slot off, as it would in LightningCLI) before ``trainer.callbacks``, and the task
-        progress bar, the divergence stop and atomic checkpoint writes unless the config has its own."""
+        """The Trainer with the slots' callbacks (``enable_checkpointing=false`` turns ``checkpoint`` off) before
+        ``trainer.callbacks``, and the task progress bar, the divergence stop and atomic checkpoint writes unless the
+        config has its own."""
         slots = self.section(self.config_init, "callbacks") or {}
         off = {"checkpoint"} if config.get("enable_checkpointing") is False else set()
         named = [slots[n] for n in CALLBACK_SLOTS if slots.get(n) is not None and n not in off]
@@ -202,8 +190,8 @@ class CLI(CompatCLI):
         self._started = time.monotonic()
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
-        """``Trainer.fit`` holding the run folder's lock; stops cleanly on SIGTERM / SIGINT; an attempt that fails
-        or is stopped before its first step is undone (a new folder removed, a resumed one as it was)."""
+        """``Trainer.fit`` holding the run folder's lock, stopping cleanly on SIGTERM / SIGINT; an attempt that ends
+        before its first step is undone."""
         log_dir = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
         snapshot = Snapshot(log_dir) if log_dir is not None else None
         if log_dir is not None:
@@ -237,9 +225,8 @@ class CLI(CompatCLI):
         self.evaluate(self.trainer.test, **kwargs)
 
     def evaluate(self, run: Callable[..., Any], **kwargs: Any) -> None:
-        """Print Lightning's start-up lines (held while the run was built), then ``run`` the evaluation with
-        :attr:`stop` among its callbacks: a SIGTERM / SIGINT stops it at its next batch with one line and exit
-        ``128 + signal`` (its scores would be incomplete)."""
+        """``run`` the evaluation with :attr:`stop` among its callbacks: a SIGTERM / SIGINT ends it at its next batch
+        with one line and exit ``128 + signal``."""
         self.start_lines.let_through()
         self.trainer.callbacks.append(self.stop)
         try:
@@ -257,11 +244,8 @@ class CLI(CompatCLI):
 
 
 def main(args: list[str] | None = None, run: bool = True) -> CLI:
-    """Entry point of ``python -m cl_lightning`` and the ``cl-lightning`` script.
-
-    Config and command-line mistakes exit with code 2 and one ``error:`` line; a diverged run exits with code 1.
-    ``--debug`` (anywhere in the arguments) or ``CL_LIGHTNING_DEBUG=1`` shows full tracebacks instead.
-    """
+    """Entry point of ``python -m cl_lightning``: a mistake is one ``error:`` line and exit code 2, a diverged run
+    exit code 1 (``--debug`` or ``CL_LIGHTNING_DEBUG=1``: tracebacks)."""
     debug = debug_requested(sys.argv if args is None else args)
     if args is None:
         while "--debug" in sys.argv:  # LightningCLI reads sys.argv itself

@@ -1,10 +1,7 @@
 """What ``--help`` prints: plain text, the package's options first, Lightning's in brief.
 
-jsonargparse builds the help from signatures and docstrings, written for Sphinx; :class:`HelpFormatter` prints them
-as plain text (``:class:`~a.B``` → ``B``, ````x```` → ``x``), shortens the usage block to one line, lists under a
-callback slot (an option typed by one concrete class, ``callbacks.hessian``) that class's own arguments, and keeps
-of Lightning's options (the Trainer's, ``ckpt_path``, the checkpoint slot) their first sentence: Lightning's
-documentation has the rest. :func:`package_first` puts the Trainer's options after the package's.
+:class:`HelpFormatter` prints jsonargparse's help (from docstrings written for Sphinx) as plain text, with a one-line
+usage, a callback slot's own arguments under it, and of Lightning's options their first sentence.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""What the command line tells the user: one-line errors and no library noise.
-
-A config or command-line mistake names the option and what it accepts, instead of jsonargparse's nested union
-report or a traceback through the Trainer; deprecation notices of the libraries and Lightning's advertisements are
-silenced. The last lines of a run, what happened and where its logs and checkpoint are, come from
-:mod:`cl_lightning.run.summary`.
-"""
+"""What the command line tells the user: one-line errors (the option, what is wrong, what it accepts, the config
+file and line that set it) and no library noise."""
 
 from __future__ import annotations
 
@@ -24,6 +19,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from cl_lightning import data, learners
 from cl_lightning.errors import UsageError, did_you_mean, key_lines
 from cl_lightning.run.cli_help import HelpFormatter, package_first
+from cl_lightning.run.compose import scan_option
 
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
 
@@ -154,9 +150,7 @@ def concise_parse_error(message: str, options: list[str] | None = None) -> str:
 
 
 class ConciseArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, whose errors are one line (``error: …``) and exit code 2 instead of 30–70 lines of
-    usage and nested union reports. With ``debug`` set (``--debug``) it reports as jsonargparse does.
-    """
+    """LightningCLI's parser whose errors are one ``error: …`` line and exit code 2 (``debug``: jsonargparse's)."""
 
     debug = False
     arguments: ClassVar[list[str]] = []  # the command line, includes expanded: where an option was set
@@ -198,12 +192,12 @@ def locate(option: str, arguments: list[str]) -> str | None:
     short = ".".join(p for p in option.split(".") if p != "init_args")
     flag = re.compile(rf"--({re.escape(option)}|{re.escape(short)})(=|\.|$)")
     where = None
-    for i, arg in enumerate(arguments):
-        if arg == "--config" and i + 1 < len(arguments):
-            lines = key_lines(arguments[i + 1])
+    for given, arg in scan_option(arguments, "--config"):
+        if given:
+            lines = key_lines(arg)
             for key in (tuple(option.split(".")), tuple(short.split("."))):
                 if key in lines:
-                    where = f"{arguments[i + 1]}:{lines[key]}"
+                    where = f"{arg}:{lines[key]}"
                     break
         elif flag.match(arg):
             where = None
@@ -257,9 +251,8 @@ def file_system_message(error: OSError) -> str:
 
 
 class HeldLines(logging.Handler):
-    """Holds Lightning's start-up lines (``Seed set to 0``, ``GPU available: …``) until the run starts, so that a
-    mistake found while the run is built is the one line on stderr; :meth:`let_through` prints them, :meth:`close`
-    drops what is still held and gives the loggers their handlers back."""
+    """Holds Lightning's start-up lines (``Seed set to 0``, ``GPU available: …``) until :meth:`let_through`, so that a
+    mistake found while the run is built is the one line on stderr."""
 
     LOGGERS = ("lightning.pytorch", "lightning.fabric")
 
@@ -314,12 +307,10 @@ class _DropAdverts(logging.Filter):
 
 def quiet() -> None:
     """Silence what is expected on a stream and the libraries' deprecation notices and advertisements."""
-    # Expected on a stream, not problems: learners skip steps while their memory fills, a task's chunks are an
-    # IterableDataset with a length, and a task may have fewer chunks than the logging interval. Lightning 2.6 on
-    # torch 2.14 builds a deprecated pytree LeafSpec on every data reload, and torch.func.jvp (Hessian monitor)
-    # calls the deprecated torch.jit.script internally: library mismatches, not ours. Replay learners keep a chunk's
-    # host labels in their own on_before_batch_transfer (no device read per step), deliberately beside a data module.
-    # A warm-up task evaluates nothing: its validation loader is empty on purpose.
+    # Expected on a stream: learners skip steps while their memory fills, a task's chunks are an IterableDataset
+    # with a length, a task may have fewer chunks than the logging interval, replay learners keep a chunk's host
+    # labels in their own on_before_batch_transfer, a warm-up task evaluates nothing. The LeafSpec and
+    # torch.jit.script deprecations are Lightning's and torch.func's own calls.
     for message in (
         ".*overridden `on_before_batch_transfer` in `LightningModule` but have passed in a `LightningDataModule`.*",
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",

@@ -1,6 +1,6 @@
 """Composed configs: fragment includes and named callbacks for the command line.
 
-An experiment file states only what differs from the fragments it builds on (the lightning-hydra-template way)::
+An experiment file states only what differs from the fragments it builds on::
 
     # configs/qoa_v2_pmnist.yaml
     include: [trainer/pmnist.yaml, data/pmnist.yaml, learner/qoa.yaml]
@@ -8,27 +8,19 @@ An experiment file states only what differs from the fragments it builds on (the
       init_args:
         support_size: 200
 
-``include`` lists files relative to the including file; each is applied as an earlier ``--config`` (recursively,
-its own includes first), so the including file overrides them key by key, exactly as an overlay given after it on
-the command line does. The key is read here, before jsonargparse parses anything, and is not part of the resolved
-config (``--print_config`` and each run's saved ``config.yaml`` are complete and include nothing).
+``include`` lists files relative to the including file, each applied as an earlier ``--config`` (its own includes
+first), so the including file and later overlays override them key by key; the key is read before jsonargparse
+parses and is no part of the resolved config. Not jsonargparse's nested config files: one (``model:
+learner/qoa.yaml``) fills its group whole, and a fragment spanning groups has no group to be nested under.
 
-Why not jsonargparse's own composition: a nested config file (``model: learner/qoa.yaml``) fills one group whole,
-so the file naming it cannot change one key of that group, and a fragment spanning groups (``trainer/default.yaml``
-sets the seed, the Trainer and the callback slots) has no group to be nested under. Repeated ``--config`` does
-compose key by key, and ``include`` is only the list of them kept in the experiment file, so that a suite, the
-README and the command line name one file instead of four.
-
-Callbacks a config wants to change one setting of live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`),
-instead of the anonymous ``trainer.callbacks`` list, which a later config can only replace whole. Each slot is typed
-by its callback's class, so ``fit --help`` lists that class's arguments and a config may leave ``class_path`` out. An
-overlay or the command line then reaches one of them (``--callbacks.hessian.every_n_tasks=5``);
-``--callbacks.hessian=null`` turns it off. ``trainer.callbacks`` still takes any further callbacks.
+Callbacks a config tunes live in named slots, ``callbacks.<name>`` (:data:`CALLBACK_SLOTS`), each typed by its class
+(``class_path`` optional), rather than in ``trainer.callbacks``, which a later config can only replace whole:
+``--callbacks.hessian.every_n_tasks=5``, ``--callbacks.hessian=null``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from lightning.pytorch import Callback
@@ -79,6 +71,20 @@ def config_chain(path: Path, _stack: tuple[Path, ...] = ()) -> list[Path]:
     return [*chain, path]
 
 
+def scan_option(args: Sequence[str], option: str) -> Iterator[tuple[bool, str]]:
+    """``args`` as ``(True, VALUE)`` for each ``option VALUE`` or ``option=VALUE`` and ``(False, arg)`` for any other
+    argument (``option``: e.g. ``--config``)."""
+    i = 0
+    while i < len(args):
+        if args[i] == option and i + 1 < len(args):
+            yield True, args[i + 1]
+            i += 2
+        else:
+            given = args[i].startswith(f"{option}=")
+            yield given, (args[i].split("=", 1)[1] if given else args[i])
+            i += 1
+
+
 def expand_includes(args: Sequence[str]) -> list[str]:
     """Command-line arguments with each ``--config FILE`` replaced by ``--config`` of every file of its chain.
 
@@ -86,23 +92,15 @@ def expand_includes(args: Sequence[str]) -> list[str]:
     first place. ``--config`` values that are not files (jsonargparse also takes a YAML string) pass unchanged.
     """
     out: list[str] = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "--config" and i + 1 < len(args):
-            value, i = args[i + 1], i + 2
-        elif arg.startswith("--config="):
-            value, i = arg.split("=", 1)[1], i + 1
-        else:
-            out.append(arg)
-            i += 1
-            continue
-        if not Path(value).is_file():
+    for given, value in scan_option(args, "--config"):
+        if not given:
+            out.append(value)
+        elif not Path(value).is_file():
             out += ["--config", value]
-            continue
-        seen: set[Path] = set()
-        for file in config_chain(Path(value)):
-            if file.resolve() not in seen:
-                seen.add(file.resolve())
-                out += ["--config", str(file)]
+        else:
+            seen: set[Path] = set()
+            for file in config_chain(Path(value)):
+                if file.resolve() not in seen:
+                    seen.add(file.resolve())
+                    out += ["--config", str(file)]
     return out

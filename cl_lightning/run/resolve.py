@@ -19,9 +19,8 @@ from cl_lightning.run.cli import CLI
 
 
 def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[str, Any]:
-    """The config that ``fit --config C1 --config C2 … ARGS`` resolves to (includes expanded, defaults filled,
-    ``max_epochs`` from the stream), as plain values: what that run's saved ``config.yaml`` holds, less the ``fit``
-    arguments (``ckpt_path``, ``weights_only``). Nothing is built, seeded or written.
+    """The config that ``fit --config C1 --config C2 … ARGS`` resolves to, as plain values: its saved ``config.yaml``
+    less ``ckpt_path`` and ``weights_only``. Nothing is built, seeded or written.
 
     Raises:
         SystemExit: The configs do not parse (the one-line ``error:`` of the command line).

@@ -1,12 +1,10 @@
 """One writer per run folder (an advisory lock a second ``fit`` of the same run cannot take), and undoing a failed
 attempt's writes.
 
-:func:`hold` takes ``filelock``'s :class:`~filelock.FileLock` on ``<run>/.lock`` (``flock`` on POSIX, ``LockFileEx`` on
-Windows) and writes this process's id into it, for as long as the process runs or until :func:`release` /
-:func:`release_all`, which remove the file. The operating system drops the lock when the process ends, however it
-ends, so a file left by a ``kill -9``'d run never blocks the next one; the soft (marker-file) fallback filelock offers
-on file systems without ``flock`` is refused for that reason. The file is removed while still locked: a process that
-locked it meanwhile sees it unlinked (filelock checks) and locks the new one, so two processes never both hold a run.
+:func:`hold` takes ``filelock``'s :class:`~filelock.FileLock` on ``<run>/.lock`` (``flock``; its soft fallback is
+refused) with this process's id in it: the OS drops the lock when the process ends, so a ``kill -9``'d run never
+blocks the next one. :func:`release` removes the file while still locked: a process that locked it meanwhile sees
+it unlinked (filelock checks) and locks a new one, so two processes never both hold a run.
 """
 
 from __future__ import annotations
@@ -80,11 +78,8 @@ def release_all() -> None:
 
 
 class Snapshot:
-    """What a run folder holds before an attempt, to undo that attempt's writes when it fails before its first step.
-
-    Files the attempt created are removed; the small records it rewrites (``config.yaml``, ``hparams.yaml``) get
-    their old contents back; a folder that did not exist is removed whole (and its parent, if that was new too).
-    """
+    """What a run folder holds before an attempt, to undo that attempt's writes (new files and folders removed,
+    ``config.yaml`` and ``hparams.yaml`` as they were) when it fails before its first step."""
 
     RECORDS = ("config.yaml", "hparams.yaml")
 

@@ -1,12 +1,9 @@
 """Stopping a run on SIGTERM or SIGINT without damaging it: finish the current step, write nothing half-done.
 
-A cluster scheduler, ``timeout`` or a sweep sends SIGTERM; Ctrl-C sends SIGINT. :class:`GracefulStop` (added by the
-CLI to every ``fit``, ``validate`` and ``test``) turns either into a flag, and at the next training or evaluation
-batch raises :class:`StopRequested`: the step under way finishes, a checkpoint being written completes (it is
-atomic anyway), and no checkpoint of the unfinished task is written. The CLI then says where the run stopped and how
-to resume it, and exits with ``128 + signal`` (143 for SIGTERM, 130 for SIGINT), so a script or a sweep can tell it
-did not finish. A signal after the run's last task was evaluated and saved stops nothing: the run finished, and exits
-0 with one line saying so (:mod:`cl_lightning.run.process_signals`, which also covers the process's start and exit).
+:class:`GracefulStop` (added by the CLI to every ``fit``, ``validate`` and ``test``) turns SIGTERM (a scheduler,
+``timeout``, a sweep) or SIGINT (Ctrl-C) into :class:`StopRequested` at the next training or evaluation batch, so
+no checkpoint of the unfinished task is written; the CLI says where the run stopped and how to resume it, and exits
+``128 + signal`` (143, 130). A signal after the last task stops nothing (:mod:`cl_lightning.run.process_signals`).
 """
 
 from __future__ import annotations
@@ -16,7 +13,6 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 from lightning.pytorch import Callback, Trainer
@@ -25,6 +21,8 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from cl_lightning.lightning_compat import tasks_closed
 from cl_lightning.run import process_signals
 from cl_lightning.run.checkpointing import kept_checkpoint, tasks_done
+from cl_lightning.run.compose import scan_option
+from cl_lightning.run.process_signals import FirstSignal
 
 
 def stopped_by(signum: int) -> str:
@@ -40,12 +38,9 @@ class StopRequested(Exception):  # noqa: N818 - a request, not an error
         self.signum = signum
 
 
-class GracefulStop(Callback):
-    """Records SIGTERM / SIGINT while installed and stops the run at the next batch (training or evaluation).
-
-    A second signal changes nothing (the first is kept): a step is not cut short, so ``kill -9`` is the way to end
-    a stuck process at once.
-    """
+class GracefulStop(FirstSignal, Callback):
+    """Records SIGTERM / SIGINT while installed and stops the run at the next batch (a second signal changes nothing:
+    ``kill -9`` ends a stuck process at once)."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -55,10 +50,8 @@ class GracefulStop(Callback):
         """Handle SIGTERM and SIGINT in this (main) thread until :meth:`restore`, taking over a signal the process
         received while it started (:func:`cl_lightning.run.process_signals.take`)."""
         for signum in process_signals.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handle)
-        early = process_signals.take()
-        if early is not None:
-            self._handle(early, None)
+            self._previous[signum] = signal.signal(signum, self.record)
+        self.record(process_signals.take())
 
     def restore(self) -> None:
         """Put back the handlers :meth:`install` replaced."""
@@ -67,18 +60,13 @@ class GracefulStop(Callback):
         self._previous.clear()
 
     def finished(self) -> None:
-        """The run ran to its end (call after :meth:`restore`): a signal received after its last step, or from now on
-        until the process exits, changes nothing but one line (:func:`cl_lightning.run.process_signals.finished`)."""
+        """The run ran to its end (call after :meth:`restore`): a signal after its last step, or from now on, gets one
+        line and changes nothing (:func:`cl_lightning.run.process_signals.finished`)."""
         process_signals.finished(self.signum)
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum is None:
-            self.signum = signum
-
     def exit(self, error: BaseException, line: Callable[[str], str]) -> NoReturn:
-        """End the command stopped by ``error``: one line on stderr, ``line`` of :func:`stopped_by` the signal (the
-        first one recorded, else the error's: SIGTERM for Lightning's own), and the shell's exit status of a process
-        ended by that signal, 128 + its number (143 SIGTERM, 130 SIGINT)."""
+        """End the command stopped by ``error``: ``line`` of :func:`stopped_by` the signal (the one recorded, else the
+        error's: SIGTERM for Lightning's own) on stderr, and exit status 128 + its number."""
         signum = self.signum or getattr(error, "signum", signal.SIGTERM)
         sys.stderr.write(line(stopped_by(signum)) + "\n")
         raise SystemExit(128 + int(signum)) from None
@@ -94,14 +82,7 @@ class GracefulStop(Callback):
 
 def resume_command(command_line: list[str]) -> str:
     """``python -m cl_lightning <the same arguments> --ckpt_path last`` (a ``--ckpt_path`` given before replaced)."""
-    args, skip = [], False
-    for arg in command_line:
-        if skip or arg.startswith("--ckpt_path="):
-            skip = False
-            continue
-        skip = arg == "--ckpt_path"
-        if not skip:
-            args.append(arg)
+    args = [arg for given, arg in scan_option(command_line, "--ckpt_path") if not given]
     return f"python -m cl_lightning {shlex.join([*args, '--ckpt_path', 'last'])}"
 
 
@@ -124,9 +105,8 @@ def stop_message(trainer: Trainer, cause: str, command_line: list[str], undone: 
 
 
 def all_tasks_done(trainer: Trainer) -> bool:
-    """Whether the fit loop had closed the run's last task. A SIGTERM after the last task's final evaluation started
-    leaves :class:`GracefulStop` nothing to stop, but Lightning checks for one once more as its fit loop closes the
-    task, after every file was written, and raises ``SIGTERMException``: that run is complete."""
+    """Whether the fit loop had closed the run's last task: Lightning's ``SIGTERMException`` raised as it closes the
+    last task, after every file was written, leaves a complete run."""
     return trainer.max_epochs is not None and tasks_closed(trainer) >= trainer.max_epochs
 
 

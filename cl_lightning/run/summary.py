@@ -1,8 +1,4 @@
-"""The last lines of a ``fit``: how many tasks ran, the scores a report cites, where the logs and checkpoint are.
-
-The CLI prints :func:`run_summary` as a run's closing lines (:meth:`cl_lightning.run.cli.CLI.after_fit`). The scores are
-read from what the run logged, under the names of :func:`~cl_lightning.contract.metric_key`.
-"""
+"""The last lines of a ``fit``: how many tasks ran, the scores a report cites, where the logs and checkpoint are."""
 
 from __future__ import annotations
 

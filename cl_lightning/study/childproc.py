@@ -1,11 +1,7 @@
 """The processes a sweep starts: they die with it, and a SIGTERM / SIGINT to the sweep reaches them.
 
-A trial's ``fit`` runs in a child process (:mod:`cl_lightning.study.sweep`). :func:`die_with_parent` (Linux) makes the
-child receive SIGTERM when the process that started it dies, so a killed sweep leaves no orphaned fit writing into
-a trial folder. Inside :func:`passing_signals`, a SIGTERM or SIGINT to the sweep is recorded (:func:`received`)
-and passed to the child :func:`wait_passing_signals` is waiting for; the fit then stops between two steps. Where
-the signal cannot reach the process waiting (a Ray worker, on this machine or another), the sweep writes a stop
-request file instead, which the wait polls for and answers with SIGTERM to the child.
+Where a signal cannot reach the process waiting for a fit (a Ray worker), the sweep writes a stop request file
+instead (:func:`cl_lightning.study.trial_run.request_stop`), which :func:`wait_passing_signals` answers with SIGTERM.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Departures from the paper: every resolved value a suite's trials change from the paper config of their experiment.
 
-An experiment's paper config is the suite file's ``paper_config`` (by default the experiment's first config;
-``sweep`` records it in ``<suite>/suite.yaml``). It is resolved as ``fit`` resolves it
-(:func:`resolved_configs`: includes, defaults, ``max_epochs``) and compared value by value with each
-trial's saved ``config.yaml``, so what is listed is what the runs did differently, not what a file says. Per-trial
-bookkeeping is left out (:data:`IGNORED`, and every key named ``seed``).
+An experiment's paper config (the suite's ``paper_config``, recorded in ``<suite>/suite.yaml``) is resolved as
+``fit`` resolves it (:func:`resolved_configs`) and compared value by value with each trial's saved ``config.yaml``,
+so what is listed is what the runs did differently; :data:`IGNORED` and every ``seed`` are left out.
 """
 
 from __future__ import annotations
@@ -79,11 +77,8 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def departures(paper: dict[str, Any], trials: Sequence[dict[str, Any]]) -> list[Departure]:
-    """The keys where any trial's resolved config differs from the paper config's, sorted by key.
-
-    A key that a trial's saved config does not hold (an option added to the package after the trial ran) is not
-    compared for that trial: its run had no such setting to differ in.
-    """
+    """The keys where any trial's resolved config differs from the paper config's, sorted by key (a key a trial's
+    config does not hold, an option added since it ran, is not compared for that trial)."""
     base, runs = flatten(paper), [flatten(t) for t in trials]
     found = []
     for key in sorted(set(base).union(*runs)):
@@ -108,9 +103,8 @@ def paper_configs(meta: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def resolved_configs(argvs: Sequence[Sequence[str]]) -> list[dict[str, Any]]:
-    """The configs that ``fit ARGV`` resolves to for each ``ARGV`` of ``argvs`` (``--config`` files, then options), as
-    plain values (:func:`cl_lightning.run.resolve.resolved_config`), resolved in one child process: the report reads
-    files and imports neither the training command line nor the learners.
+    """The configs that ``fit ARGV`` resolves to for each of ``argvs``, as plain values, resolved in one child process
+    (:mod:`cl_lightning.run.resolve`: the report imports no training code).
 
     Raises:
         UsageError: A config does not parse (the command line's one-line ``error:``).

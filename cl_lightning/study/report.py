@@ -1,24 +1,13 @@
 """Read a suite's runs as the paper's figures and table: ``python -m cl_lightning report logs/<suite>``.
 
 Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
-through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins), and writes
-``<suite>/report/`` (or ``--out``). Tasks are evaluated tasks: with ``warmup_tasks`` W in the trial's config, epoch
-``W + e`` is task ``e`` and the warm-up epochs are left out (as the paper's plots start after its five warm-up
-tasks).
-
-- ``table.md`` / ``table.csv``: per experiment the final-window (last ``max(T // 80, 5)`` tasks) forward, backward
-  and online score, mean ± std over seeds of each seed's window mean; the final ACC, BWT, FWT and forgetting of R;
-  wall seconds per task; peak memory; the paper's value beside each where it has one
-  (``cl_lightning/study/published.yaml``), and each experiment's departures from its paper config. Under it the
-  paper's windows beside ours (all of them in ``windows.csv``) and, for the other experiments, the scores per
-  ``--block`` of evaluated tasks (:mod:`cl_lightning.study.report_tables`);
-- ``departures.md``: per experiment, every resolved config value its runs change from its paper config
-  (:mod:`cl_lightning.study.departures`);
-- ``forward_backward.png``, ``online.png``, ``hessian_eff_rank.png`` and ``matrix_<experiment>.png``: the paper's
-  Figures 1–4 and the probe-set matrix R (:mod:`cl_lightning.study.report_figures`);
-- ``budget.md`` / ``budget.json`` / ``budget.png`` for a budget study (a suite whose experiments name a ``budget``;
-  :mod:`cl_lightning.study.report_budget`) and ``reuse.md`` / ``reuse.json`` when runs scored returning maps or
-  revised keys (:mod:`cl_lightning.study.report_reuse`), each also added to ``table.md``.
+through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins; with ``warmup_tasks``
+W, epoch ``W + e`` is evaluated task ``e``), and writes ``<suite>/report/`` (or ``--out``): ``table.md`` /
+``table.csv`` (per experiment the last ``max(T // 80, 5)`` tasks' scores, R's final ACC, BWT, FWT and forgetting,
+seconds per task, peak memory, beside ``published.yaml``; :mod:`cl_lightning.study.report_tables`),
+``departures.md`` (:mod:`cl_lightning.study.departures`), the figures (:mod:`cl_lightning.study.report_figures`),
+and a budget study's or a reuse study's tables (:mod:`cl_lightning.study.report_budget`,
+:mod:`cl_lightning.study.report_reuse`).
 """
 
 from __future__ import annotations
@@ -54,9 +43,7 @@ def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict
 
 def unreadable_events(log_dir: str | Path) -> list[str]:
     """The event files of ``log_dir`` that cannot be read whole, as ``name (why)``: empty, not TensorBoard's format,
-    damaged (a record whose checksum fails: TensorBoard stops reading there) or truncated. The values after the
-    damage are missing (a seed that lacks its last task counts as unfinished), and the report says so. A trial
-    folder (``trial.json`` or ``config.yaml``) with no event file at all is named too."""
+    damaged (TensorBoard stops reading at a failed checksum) or truncated; or ``no event file`` in a trial folder."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
     paths = sorted(Path(log_dir).glob("events.out.tfevents.*"))
@@ -252,8 +239,7 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning report``."""
-    # matplotlib and Lightning (R is drawn by callbacks.forgetting) only when drawing: the sweep imports this module
-    # to read trial states, and without them the import takes about 1.6 s instead of 4 s
+    # matplotlib only when drawing: the sweep imports this module to read trial states
     from cl_lightning.study.departures import write_departures
     from cl_lightning.study.report_figures import write_figures
 

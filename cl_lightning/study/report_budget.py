@@ -1,13 +1,9 @@
 """The budget study's section of the report: live recall at several lags against the context-memory bytes.
 
-A suite whose experiments name a ``budget`` (:mod:`cl_lightning.study.suite`) is a budget study: each experiment is
-one learner (its label: ``knn_fifo``, ``delta_rule``…) sized to one budget B; a learner with a replay buffer
-(``memory_size`` in its saved config) is a *buffer* learner, any other a *rule*. Per experiment, one row
-(:func:`cell`): the bytes it holds, the forward score after the last task, the live recall at each lag logged apart
-(the data module's ``lags``) and, where logged, the P1 probe's written and unseen keys, each mean ± std over seeds
-(:func:`seed_mean_std`); above them the P1 probe's references (:func:`references`), and under them the crossovers
-(:func:`crossover`; none for a suite of rules only). ``budget.md`` / ``budget.json`` / ``budget.png``
-(:func:`write_budget`); what the studies found and how their suites run: ``docs/results/lifelong_icl.md`` §1, §3, §4.
+A suite whose experiments name a ``budget`` is a budget study: each experiment is one learner sized to one budget
+B, a *buffer* learner (``memory_size`` in its saved config) or a *rule*. One row per experiment (:func:`cell`), the
+P1 probe's references above them (:func:`references`), the crossovers under them (:func:`crossover`); findings:
+``docs/results/lifelong_icl.md`` §1, §3, §4.
 """
 
 from __future__ import annotations
@@ -80,9 +76,8 @@ def bytes_held(exp: Experiment) -> int | None:
 
 
 def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
-    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged), each mean
-    correctly rounded (``statistics.fmean``): a mean that is a tie at the table's third decimal (376 / 3200) then
-    prints as the value it is, whatever the order of the sum.
+    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged), correctly
+    rounded (``statistics.fmean``: a tie at the table's third decimal prints the same whatever the order of the sum).
 
     >>> seed_mean_std(np.array([[np.nan, 0.25, 0.75], [np.nan, 1.0, 1.0]]))
     (0.75, 0.25)

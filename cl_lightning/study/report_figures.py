@@ -1,14 +1,8 @@
 """The figures of ``python -m cl_lightning report``: every experiment of a suite on one axis, mean ± std over seeds.
 
-- ``forward_backward.png``: forward (current task) and backward (task t − lag) accuracy or MSE over tasks, as the
-  paper's Figures 1–3: per task the mean and the std over seeds, both then averaged over windows of ``T // 80``
-  tasks (:func:`~cl_lightning.study.results.seed_band`), the paper's windows as points beside the lines, the chance
-  score as a dotted line; ``online.png``: the prequential (online) score, the same way;
-- ``hessian_eff_rank.png``: the last layer's Hessian effective rank where it was measured, raw and, as the paper's
-  Figure 4, min–max normalised per seed before averaging;
-- ``matrix_<experiment>.png``: the probe-set accuracy matrix R, averaged over seeds.
-
-A panel with no curve says why.
+``forward_backward.png`` and ``online.png`` (the paper's Figures 1–3, :func:`~cl_lightning.study.results.seed_band`,
+the paper's windows beside the lines), ``hessian_eff_rank.png`` (raw and, as Figure 4, min–max normalised per seed)
+and ``matrix_<experiment>.png`` (the probe-set matrix R).
 """
 
 from __future__ import annotations
@@ -109,11 +103,8 @@ def curves_figure(
     paper: dict[str, PaperWindows] | None = None,
     chance: float | None = None,
 ) -> Figure:
-    """One panel per ``(key, title)``, all experiments on each: ``key(m)`` is the tag of an experiment's metric.
-
-    With ``paper``, an experiment's paper windows are drawn as points on its forward and backward panels; ``chance``
-    is drawn as a dotted line on accuracy panels; a panel with no curve says why.
-    """
+    """One panel per ``(key, title)``, all experiments on each (``key(m)``: the tag of metric ``m``), the ``paper``
+    windows and the ``chance`` level beside them; a panel with no curve says why."""
     entries = len(experiments) + len(paper or {}) + (chance is not None)
     bottom = 0.75 + 0.17 * (math.ceil(entries / 3) + 1)  # inches: tick labels, then the legend's title and rows
     width, height = 6.2 * len(panels), 3.6 + bottom

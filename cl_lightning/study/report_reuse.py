@@ -1,10 +1,8 @@
-"""The reuse study's section of the report: what a learner does with keys that come back (issue 24): a value
-revised, a map that returns (the streams and what they found: ``docs/results/lifelong_icl.md`` §2).
+"""The reuse study's section of the report: what a learner does with keys that come back, a value revised or a map
+that returns (the data module's ``returns`` and ``revisions``; findings: ``docs/results/lifelong_icl.md`` §2).
 
-The data module's ``returns`` (a stream whose maps recur every k tasks) and ``revisions`` (one that revises values)
-log the scores read here. One row per experiment that logged them (``-`` where its stream has none): stream,
-learner (label), bytes held (:func:`~cl_lightning.study.report_budget.bytes_held`) and each score per seed, then
-mean ± population std over seeds (:func:`~cl_lightning.study.report_budget.seed_mean_std`):
+One row per experiment that logged them: stream, learner, bytes held and each score's mean ± std over seeds
+(:func:`~cl_lightning.study.report_budget.seed_mean_std`; ``-`` where its stream has none):
 
 - **forward** / **revised keys** / **stale answers**: the current map's queries after its task, the revised keys'
   queries answered with the new value / the old one (``eval/revised_{m}``, ``eval/stale_{m}``), from task
@@ -29,8 +27,7 @@ from cl_lightning.study.report_tables import markdown_table
 from cl_lightning.study.results import Experiment
 
 SETTLED = 5
-"""Forward, revised and stale are read from this task on (the former benchmarks/lifelong_reuse.py's start: the
-maps have settled)."""
+"""Forward, revised and stale are read from this task on (the maps have settled)."""
 COLUMNS = ("stream", "learner", "state bytes", "forward", "revised keys", "stale answers", "before first visit",
            "first visit", "return recall, first", "last")  # fmt: skip
 SCORES = ("forward", "revised", "stale", "before_first", "first_visit", "return_first", "return_last")

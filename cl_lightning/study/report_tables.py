@@ -119,11 +119,9 @@ def shown_windows(windows: Sequence[int]) -> list[int]:
 
 
 def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], out: Path | None = None) -> str:
-    """Markdown: per experiment with paper windows, its mean ± std over each window the paper was read at (over the
-    seeds whose run reached the window's last task) beside the paper's reading; empty when no run reached one. Of
-    many windows (the paper's 75 on Permuted MNIST) every fifth and the first and last are shown
-    (:func:`shown_windows`). With ``out``, every window goes to ``windows.csv`` there: one row per experiment, score
-    and window reached (ours: mean, std, seeds; the paper's: low and high, equal unless it was read as a range)."""
+    """Markdown: per experiment with paper windows, ours (:func:`window_stats`) beside the paper's reading at the
+    windows :func:`shown_windows` picks; empty when no run reached one. With ``out``, every window goes to
+    ``windows.csv`` there."""
     stats = window_stats(experiments, paper)
     if not stats:
         return ""
@@ -166,9 +164,8 @@ def _block_rows(exp: Experiment, block: int) -> dict[str, dict[int, tuple[float,
 
 
 def block_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], block: int = 100) -> str:
-    """Markdown: per experiment without paper windows whose runs reached at least two complete ``block``-task blocks
-    of evaluated tasks, forward, backward and Hessian rank per block, mean ± std over seeds of each seed's block
-    mean (the seeds that reached the block's last task); empty when none qualifies or ``block`` is 0."""
+    """Markdown: per experiment without paper windows whose runs reached two ``block``-task blocks, its scores per
+    block (:func:`~cl_lightning.study.results.block_stats`); empty when none qualifies or ``block`` is 0."""
     cells: dict[tuple[str, str], dict[int, str]] = {}
     metrics = []
     for exp in experiments if block > 0 else ():

@@ -1,9 +1,7 @@
 """A suite's results in memory and the aggregations over seeds that the report's table and figures share.
 
 An :class:`Experiment` holds one experiment's per-task curves (``(seeds, tasks)`` arrays, NaN where a seed logged
-nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy, no files:
-:mod:`cl_lightning.study.report` reads the event files into experiments, :mod:`cl_lightning.study.report_tables`
-writes the tables, :mod:`cl_lightning.study.report_figures` draws them.
+nothing) and its trials' records; the functions reduce such arrays over seeds the paper's way. Pure numpy.
 """
 
 from __future__ import annotations
@@ -111,6 +109,14 @@ def seed_band(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np
     return centres, m, window_means(std, window)[1]
 
 
+def _over_seeds(values: np.ndarray) -> tuple[float, float, int]:
+    """Mean and population std of one value per seed, and how many seeds have one (NaN: none)."""
+    values = values[~np.isnan(values)]
+    if not values.size:
+        return math.nan, math.nan, 0
+    return float(values.mean()), float(values.std()), int(values.size)
+
+
 def final_window(rows: np.ndarray, window: int) -> tuple[float, float, int]:
     """Mean and population std over seeds of each seed's mean over the last ``window`` tasks, and the number of
     seeds that have a value there.
@@ -121,17 +127,13 @@ def final_window(rows: np.ndarray, window: int) -> tuple[float, float, int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         per_seed = np.nanmean(rows[:, -window:], axis=1)
-    per_seed = per_seed[~np.isnan(per_seed)]
-    if not per_seed.size:
-        return math.nan, math.nan, 0
-    return float(per_seed.mean()), float(per_seed.std()), int(per_seed.size)
+    return _over_seeds(per_seed)
 
 
 def block_stats(exp: Experiment, tag: str, size: int, blocks: Iterable[int]) -> dict[int, tuple[float, float, int]]:
     """Per block ``b`` of ``blocks`` (evaluated tasks ``b * size .. (b + 1) * size - 1``), up to the first block no
     seed reached: :func:`final_window` of ``tag`` over the block and the seeds whose run reached its last task (an
-    ``epoch`` or ``tag`` value there), i.e. the mean and population std over them of each one's block mean, and how
-    many have a value in the block.
+    ``epoch`` or ``tag`` value there).
 
     >>> exp = Experiment("e", "E", 4, "acc")
     >>> exp.add(0, {"s": np.array([1.0, 2.0, 3.0, 4.0])}, {})
@@ -172,11 +174,7 @@ def last_logged(rows: np.ndarray) -> np.ndarray:
 
 def last_value(rows: np.ndarray) -> tuple[float, float, int]:
     """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
-    finals = last_logged(rows)[:, 0]
-    finals = finals[~np.isnan(finals)]
-    if not finals.size:
-        return math.nan, math.nan, 0
-    return float(np.mean(finals)), float(np.std(finals)), int(finals.size)
+    return _over_seeds(last_logged(rows)[:, 0])
 
 
 def minmax_per_seed(rows: np.ndarray) -> np.ndarray:

@@ -15,17 +15,9 @@ extra command-line arguments) and the seeds to run them with::
         paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
         budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
 
-An experiment's **paper config** (``paper_config``: ``--config`` files, resolved as ``fit`` resolves them; by default
-the experiment's first config) is what its trials are compared with: ``report`` lists every resolved value a trial
-changes from it (its departures from the paper). An experiment's ``budget`` (bytes) makes the suite a budget study:
-``report`` then adds the budget table (:mod:`cl_lightning.study.report_budget`), one row per experiment at its
-budget, and the crossover budgets.
-
-Every (experiment, seed) is one :class:`Trial`: the arguments of one ``python -m cl_lightning fit``, with the seed
-given to ``seed_everything`` (initialisation), ``data.stream.init_args.seed`` (permutations, class pairs,
-regression targets, splits) and ``model.init_args.seed`` (the learner's own draws: support sets, admissions,
-CBP's redrawn units), and a fixed logger save_dir, name and version, ``<root>/<suite>/<experiment>/seed_<s>``, so
-a resumed trial writes into the same folder.
+``report`` lists what a trial changes from its experiment's paper config
+(:mod:`cl_lightning.study.departures`); a ``budget`` makes the suite a budget study
+(:mod:`cl_lightning.study.report_budget`). Every (experiment, seed) is one :class:`Trial`.
 """
 
 from __future__ import annotations
@@ -48,12 +40,14 @@ def config_args(files: Sequence[str]) -> list[str]:
 
 @dataclass(frozen=True)
 class Trial:
-    """One (experiment, seed) of a suite: the arguments of its ``fit`` and where it logs.
+    """One (experiment, seed) of a suite: the arguments of its ``fit``, and a fixed log folder
+    ``<root>/<suite>/<experiment>/seed_<s>`` that a resumed trial writes into again.
 
     Args:
         suite: Suite name (the folder under the log root).
         name: Experiment name (the folder under the suite).
-        seed: The seed given to ``seed_everything``, the stream and the learner.
+        seed: The seed of ``seed_everything`` (initialisation), the stream (permutations, splits, targets) and the
+            learner (its own draws: support sets, admissions, CBP's redrawn units).
         configs: ``--config`` files, in order (a complete config, then overlays).
         args: Further command-line arguments of ``fit``.
     """

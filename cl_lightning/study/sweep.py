@@ -1,14 +1,10 @@
 """Run a suite: ``python -m cl_lightning sweep configs/suites/X.yaml`` (the file format:
 :mod:`cl_lightning.study.suite`).
 
-Every trial is a normal ``python -m cl_lightning fit`` in its own process (a crash ends that trial only), logging
-into ``<root>/<suite>/<experiment>/seed_<s>/``; a re-run skips the finished trials and resumes the others
-(:mod:`cl_lightning.study.trial_run`). A SIGTERM / SIGINT to the sweep stops the running fits
-(:mod:`cl_lightning.study.childproc`) and starts no further trial.
-
-Trials run on Ray (``pip install "cl-lightning[sweep]"``) when it is installed: one trial per GPU, or per
-``--cpus-per-trial`` cores without GPUs, on this machine or on a cluster (``--address`` of a Ray head; the suite
-folder must then be on a file system every node sees). Without Ray they run one after another.
+Every trial is a ``python -m cl_lightning fit`` in its own process (:mod:`cl_lightning.study.trial_run`); a re-run
+skips the finished trials and resumes the others; a SIGTERM / SIGINT stops the running fits and starts no further
+trial. Trials run on Ray when it is installed (one per GPU, or per ``--cpus-per-trial`` cores; on a cluster the
+suite folder must be on a file system every node sees), else one after another.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study import childproc
 from cl_lightning.study.childproc import passing_signals, received
 from cl_lightning.study.suite import Suite, Trial, check_seeds, load_suite
-from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, run_trial, trial_state
+from cl_lightning.study.trial_run import FINISHED, STOP_REQUEST, request_stop, resume_point, run_trial, trial_state
 
 
 def _describe(record: dict[str, Any]) -> str:
@@ -167,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.dry_run:  # writes nothing
         for t in trials:
             state = trial_state(t, opts.root)
-            ckpt = t.log_dir(opts.root) / "checkpoints" / "last.ckpt" if state == "resume" else None
+            ckpt = resume_point(t.log_dir(opts.root)) if state == "resume" else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
     suite_dir.mkdir(parents=True, exist_ok=True)

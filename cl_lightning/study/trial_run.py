@@ -1,12 +1,8 @@
 """One trial of a :mod:`cl_lightning.study.sweep`: its state, an attempt at its ``fit`` in a child process, its record.
 
-A trial's folder is ``<root>/<suite>/<experiment>/seed_<s>/`` (:meth:`~cl_lightning.study.suite.Trial.log_dir`). A trial
-is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and every
-attempt (wall and CPU time, peak memory, exit code, host, command). An unfinished or ``stopped`` trial (its fit exited
-on SIGTERM / SIGINT) resumes from ``checkpoints/last.ckpt`` (or the most finished ``last-vN.ckpt``). ``trial.lock``
-(:mod:`cl_lightning.run.runfolder`) keeps a second sweep off a trial one is running; a ``stop.request`` file in the
-trial folder (:func:`request_stop`) stops its fit where a signal cannot reach it (a Ray worker's child,
-:mod:`cl_lightning.study.childproc`).
+A trial is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and
+every attempt (wall and CPU time, peak memory, exit code, host, command). ``trial.lock``
+(:mod:`cl_lightning.run.runfolder`) keeps a second sweep off a trial one is running.
 """
 
 from __future__ import annotations
@@ -50,7 +46,7 @@ def trial_state(trial: Trial, root: str | Path) -> str:
     log_dir = trial.log_dir(root)
     if _record(log_dir).get("status") == FINISHED:
         return FINISHED
-    return "resume" if _resume_point(log_dir) is not None else "new"
+    return "resume" if resume_point(log_dir) is not None else "new"
 
 
 def _record(log_dir: Path) -> dict[str, Any]:
@@ -59,19 +55,17 @@ def _record(log_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def _resume_point(log_dir: Path) -> Path | None:
-    """The checkpoint ``fit --ckpt_path last`` would take in this run folder: ``last.ckpt``, or the most finished of
-    Lightning's versioned ``last-vN.ckpt`` beside it (written when the run folder had moved)."""
+def resume_point(log_dir: Path) -> Path | None:
+    """The checkpoint a trial resumes from, as ``fit --ckpt_path last`` would take it
+    (:func:`~cl_lightning.run.checkpointing.last_checkpoint`); ``None``: it starts anew."""
     from cl_lightning.run.checkpointing import last_checkpoint  # Lightning only when a trial runs
 
     return last_checkpoint(log_dir)
 
 
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """Run (or resume, or skip) one trial in a child process; record it in ``trial.json``; return the record.
-
-    The child's output goes to ``fit.log`` in the trial folder. Its peak resident memory (``ru_maxrss`` of the
-    child) and wall time are recorded per attempt, so the report can show them.
+    """Run (or resume, or skip) one trial in a child process, its output in ``fit.log``; record it in ``trial.json``;
+    return the record.
 
     Args:
         trial: The trial.
@@ -110,7 +104,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     record = _record(log_dir)
     if record.get("status") == FINISHED:  # finished by another sweep while this one waited for the lock
         return record | {"skipped": True}
-    ckpt = _resume_point(log_dir)  # once: with several last*.ckpt it opens each
+    ckpt = resume_point(log_dir)  # once: with several last*.ckpt it opens each
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
         for stale in log_dir.glob("events.out.tfevents.*"):
             stale.unlink()
