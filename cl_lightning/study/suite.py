@@ -67,14 +67,8 @@ class Trial:
         args = ["fit", *config_args(self.configs)]
         s = str(self.seed)
         args += ["--seed_everything", s, "--data.stream.init_args.seed", s, "--model.init_args.seed", s]
-        args += [
-            "--trainer.logger.init_args.save_dir",
-            str(Path(root) / self.suite),
-            "--trainer.logger.init_args.name",
-            self.name,
-            "--trainer.logger.init_args.version",
-            f"seed_{self.seed}",
-        ]
+        logger = {"save_dir": Path(root) / self.suite, "name": self.name, "version": f"seed_{self.seed}"}
+        args += [a for key, value in logger.items() for a in (f"--trainer.logger.init_args.{key}", str(value))]
         args += list(self.args)
         if ckpt_path is not None:
             args += ["--ckpt_path", str(ckpt_path)]
