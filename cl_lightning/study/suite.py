@@ -15,9 +15,8 @@ extra command-line arguments) and the seeds to run them with::
         paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
         budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
 
-``report`` lists what a trial changes from its experiment's paper config
-(:mod:`cl_lightning.study.departures`); a ``budget`` makes the suite a budget study
-(:mod:`cl_lightning.study.report_budget`). Every (experiment, seed) is one :class:`Trial`.
+``report`` compares each trial with its ``paper_config`` (:mod:`cl_lightning.study.departures`); a ``budget``
+makes the suite a budget study (:mod:`cl_lightning.study.report_budget`). Each (experiment, seed) is a :class:`Trial`.
 """
 
 from __future__ import annotations
