@@ -6,9 +6,8 @@ tasks), relabels the first one 0 and the second 1, and streams ``train_size`` of
 (``train_size / 2`` per class, shuffled together) once in chunks of ``chunk_size``; the task's held-out queries
 are ``query_size / 2`` held-out images per class (Tiny ImageNet: its ``val/`` images; MNIST: its test set). No
 normalisation, no augmentation. Images are ``(C, size, size)`` in [0, 1]. The defaults are the paper's Split Tiny
-ImageNet (all 500 + 50 images of each class, 64×64 resized to 32×32 as torchvision's ``Resize`` on PIL images);
-Split MNIST runs the same protocol offline on the shipped MNIST, whose 28×28 images give the shared CNN 1,152
-features, as 32×32 do.
+ImageNet (:class:`SplitTinyImageNet`); Split MNIST runs the same protocol offline on the shipped MNIST, whose 28×28
+images give the shared CNN 1,152 features, as 32×32 do.
 """
 
 from __future__ import annotations
