@@ -148,10 +148,8 @@ def budget_markdown(study: dict[str, Any]) -> str:
     lags, probes, last = study["lags"], study.get("probes", []), study.get("last", [])
     rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
-        width = len(COLUMNS) + len(lags) + len(probes)
-        rows.append(
-            [ref["stream"], name, *["-"] * (width - 3), _pair(ref["unseen"], ref["unseen_std"]), *["-"] * len(last)]
-        )
+        blank = ["-"] * (len(COLUMNS) + len(lags) + len(probes) - 3)  # the columns between learner and unseen keys
+        rows.append([ref["stream"], name, *blank, _pair(ref["unseen"], ref["unseen_std"]), *["-"] * len(last)])
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
             recall = [_pair(c[f"mean{lag}"], c[f"std{lag}"]) for lag in lags]
