@@ -174,31 +174,24 @@ class ObservedLearner(Protocol):
     @property
     def metric_name(self) -> str:
         """``"acc"`` or ``"mse"``."""
-        ...
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Predictions for ``query_x`` given a labelled context of the same task."""
-        ...
 
     def loss(self, pred: Tensor, y: Tensor) -> Tensor:
         """The training loss of predictions (differentiated by the Hessian monitor)."""
-        ...
 
     def score(self, pred: Tensor, y: Tensor) -> Tensor:
         """Accuracy or MSE of predictions."""
-        ...
 
     def probe_layers(self) -> dict[str, nn.Module]:
         """The hidden layers whose outputs the plasticity monitor records, by name."""
-        ...
 
     def output_layer(self) -> nn.Module | None:
         """The read-out layer whose parameters the Hessian monitor differentiates by default (None: none)."""
-        ...
 
     def context_memory_bytes(self) -> int:
         """Bytes of the learner's context memory (replay buffer, fast-weight state)."""
-        ...
 
 
 @runtime_checkable
@@ -208,7 +201,6 @@ class KeyedLearner(ObservedLearner, Protocol):
     def read_keys(self, x: Tensor) -> Tensor:
         """The unit keys the memory is read with for inputs ``x``: shape (H, N, K), per head (an example that makes
         several keys: their mean)."""
-        ...
 
 
 @runtime_checkable
@@ -228,21 +220,17 @@ class EpisodeSource(Protocol):
 
     def evaluated_task(self, epoch: int) -> int | None:
         """The evaluated task trained in ``epoch`` (``epoch − warmup_tasks``), or ``None`` in a warm-up epoch."""
-        ...
 
     def episode(self, task: int, num_queries: int | None = None) -> Episode:
         """Evaluated task ``task``'s episode with the data module's context size and the first ``num_queries``
         queries."""
-        ...
 
     def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
         """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets (its episode's, without
         the context)."""
-        ...
 
     def task_batches(self, task: int, max_examples: int | None = None) -> Iterator[StreamBatch]:
         """Epoch ``task``'s whole training portion (every rank's share) in arrival order, chunk by chunk."""
-        ...
 
 
 @runtime_checkable
@@ -253,7 +241,6 @@ class WrittenKeysSource(EpisodeSource, Protocol):
 
     def written_episode(self, task: int) -> Episode:
         """Evaluated task ``task``'s written keys (clean) and their values as queries."""
-        ...
 
 
 def require(obj: Any, protocol: type, who: str) -> None:

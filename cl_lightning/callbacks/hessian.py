@@ -28,8 +28,7 @@ from cl_lightning.metrics import (
 
 class _Episode(nn.Module):
     """``forward((context_x, context_y, query_x)) = learner.predict_episode(...)``: lets ``functional_call`` swap the
-    learner's parameters (prefixed ``learner.``) while the learner answers an episode.
-    """
+    learner's parameters (prefixed ``learner.``) while the learner answers an episode."""
 
     def __init__(self, learner: ObservedLearner) -> None:
         super().__init__()
@@ -44,13 +43,10 @@ class HessianMonitor(Callback):
     """Effective rank, srank, top eigenvalue and trace of the loss Hessian, at the end of every n-th task
     (docs/metrics.md §4: the logged values, the two methods, the cost and memory knobs, the paper's choices).
 
-    After task ``t``'s training portion (``t % every_n_tasks == 0``), in eval mode, the learner's own loss on the
-    first ``num_queries`` held-out queries of task ``t`` answered from the episode's context (a support-set learner
-    with its support set, as the paper), differentiated with respect to a flat parameter block through
-    ``torch.func.functional_call`` (:func:`~cl_lightning.metrics.flat_loss`; nothing touches ``.grad``, the optimiser
-    or the weights). Logged raw under ``hessian/*`` (``hessian/lanczos/*`` with ``"lanczos"``, so one monitor of each
-    method can run side by side). A learner or block it cannot measure gets one warning and no scalars, not a failed
-    run.
+    In eval mode, the learner's own loss on the task's held-out queries answered from the episode's context (a
+    support-set learner with its support set, as the paper), differentiated with respect to a flat parameter block
+    through ``torch.func.functional_call`` (:func:`~cl_lightning.metrics.flat_loss`; nothing touches ``.grad``, the
+    optimiser or the weights).
 
     Args:
         method: ``"exact"`` (a block, default the last layer) or ``"lanczos"`` (default the whole network).

@@ -8,8 +8,7 @@ Every rank evaluates every episode (the learner's scores are averaged over the r
 
 Evaluation after task ``t``: forward (task ``t``), backward (task ``t − backward_lag``), the accuracy matrix after
 each probe task, and the lifelong studies' optional slots (``lags``, ``recall_probe_from``, ``returns``,
-``revisions``: docs/protocol.md §3). Warm-up epochs evaluate nothing and evaluation numbers the evaluated tasks from
-0; :meth:`StreamDataModule.evaluated_task` is the one translation (docs/protocol.md §2).
+``revisions``: docs/protocol.md §3); none after a warm-up epoch (:meth:`StreamDataModule.evaluated_task`, §2).
 """
 
 from __future__ import annotations

@@ -5,10 +5,8 @@ Everything works on a loss of a *flat* parameter vector, ``loss_fn(theta) -> sca
 layer, as in the QOA paper, or the whole network). Hessian-vector products are forward-over-reverse
 (``torch.func.jvp`` of ``torch.func.grad``); nothing touches ``.grad`` or the module's train/eval mode.
 
-* Exact: :func:`exact_hessian` (``torch.func.hessian`` = ``jacfwd(jacrev)``) or :func:`hvp_hessian` (vmapped HVPs
-  on identity columns, chunked), eigenvalues by float64 ``torch.linalg.eigvalsh``. P up to a few thousand.
-* Top-k: :func:`lanczos_eigvals`, SciPy ``eigsh`` (implicitly restarted Lanczos, ARPACK) on a ``LinearOperator``.
-  :func:`exact_eigvals` has the same signature and ordering, so the two are interchangeable.
+* Exact, for P up to a few thousand: :func:`exact_hessian`, :func:`hvp_hessian`, :func:`exact_eigvals`; top-k:
+  :func:`lanczos_eigvals`, called as :func:`exact_eigvals` is and in its order, so the two are interchangeable.
 * Spectral density and an effective-rank estimate for large P: :mod:`cl_lightning.metrics.slq`.
 """
 
@@ -218,8 +216,7 @@ def hessian_spectrum(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None 
 def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float | None = 1e-12) -> Tensor:
     """Entropy effective rank of a Hessian spectrum, as the QOA paper computes it (Roy & Vetterli 2007), float64.
 
-    λ' = :func:`hessian_spectrum` (``jitter``, ``clamp``: as there), p = λ'/Σλ', erank = exp(−Σ p ln p)
-    (docs/metrics.md §4).
+    λ' = :func:`hessian_spectrum`, p = λ'/Σλ', erank = exp(−Σ p ln p) (docs/metrics.md §4).
 
     Args:
         eigvals: (P,) Hessian eigenvalues.

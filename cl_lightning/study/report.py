@@ -1,13 +1,10 @@
 """Read a suite's runs as the paper's figures and table: ``python -m cl_lightning report logs/<suite>``.
 
-Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its task
-through Lightning's ``epoch`` scalar (a resumed trial's rewritten steps: the last write wins; with ``warmup_tasks``
-W, epoch ``W + e`` is evaluated task ``e``), and writes ``<suite>/report/`` (or ``--out``): ``table.md`` /
-``table.csv`` (per experiment the last ``max(T // 80, 5)`` tasks' scores, R's final ACC, BWT, FWT and forgetting,
-seconds per task, peak memory, beside ``published.yaml``; :mod:`cl_lightning.study.report_tables`),
-``departures.md`` (:mod:`cl_lightning.study.departures`), the figures (:mod:`cl_lightning.study.report_figures`),
-and a budget study's or a reuse study's tables (:mod:`cl_lightning.study.report_budget`,
-:mod:`cl_lightning.study.report_reuse`).
+Reads every trial's TensorBoard events (``<suite>/<experiment>/seed_<s>/``), maps each logged value to its
+evaluated task (:func:`per_task`), and writes ``<suite>/report/`` (or ``--out``): ``table.md`` / ``table.csv``
+(:mod:`cl_lightning.study.report_tables`, beside ``published.yaml``), ``departures.md``
+(:mod:`cl_lightning.study.departures`), the figures (:mod:`cl_lightning.study.report_figures`) and a budget study's
+or a reuse study's tables (:mod:`cl_lightning.study.report_budget`, :mod:`cl_lightning.study.report_reuse`).
 """
 
 from __future__ import annotations

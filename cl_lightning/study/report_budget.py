@@ -121,23 +121,17 @@ def budget_study(suite_dir: Path, experiments: Sequence[Experiment], meta: dict[
     for exp in experiments:
         if exp.name not in budgets:
             continue
-        cells.setdefault(exp.label, {})[int(budgets[exp.name])] = {
-            "experiment": exp.name,
-            **cell(exp, lags, probes, last),
-        }
+        by_budget = cells.setdefault(exp.label, {})
+        by_budget[int(budgets[exp.name])] = {"experiment": exp.name, **cell(exp, lags, probes, last)}
         streams[exp.label] = exp.stream or ""
         if holds_buffer(suite_dir, exp.name):
             buffers.add(exp.label)
     cells = {name: dict(sorted(by_budget.items())) for name, by_budget in cells.items()}
     both = 0 < len(buffers) < len(cells)  # a crossover needs buffer learners and rules (the goals: rules only)
     cross = {lag: crossover(cells, buffers, lag) for lag in lags} if both else {}
+    refs = references(experiments) if "unseen" in probes else {}
     study = {"cells": cells, "buffers": sorted(buffers), "streams": streams, "lags": lags, "crossover": cross}
-    return {
-        **study,
-        "probes": probes,
-        "last": last,
-        "references": references(experiments) if "unseen" in probes else {},
-    }
+    return study | {"probes": probes, "last": last, "references": refs}
 
 
 def mean_std(mean: float, std: float) -> str:
@@ -154,10 +148,8 @@ def budget_markdown(study: dict[str, Any]) -> str:
     lags, probes, last = study["lags"], study.get("probes", []), study.get("last", [])
     rows = []
     for name, ref in study.get("references", {}).items():  # not learners: no budget, bytes or memory; unseen keys last
-        width = len(COLUMNS) + len(lags) + len(probes)
-        rows.append(
-            [ref["stream"], name, *["-"] * (width - 3), _pair(ref["unseen"], ref["unseen_std"]), *["-"] * len(last)]
-        )
+        blank = ["-"] * (len(COLUMNS) + len(lags) + len(probes) - 3)  # the columns between learner and unseen keys
+        rows.append([ref["stream"], name, *blank, _pair(ref["unseen"], ref["unseen_std"]), *["-"] * len(last)])
     for name, by_budget in study["cells"].items():
         for budget, c in by_budget.items():
             recall = [_pair(c[f"mean{lag}"], c[f"std{lag}"]) for lag in lags]

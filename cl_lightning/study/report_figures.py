@@ -172,14 +172,8 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
         if exp.name in (paper or {}):
             _paper_windows(norm, exp, paper[exp.name], "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
     if not any(line.get_label() in {e.label for e in measured} for line in norm.lines):
-        norm.text(
-            0.5,
-            0.5,
-            "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements",
-            ha="center",
-            transform=norm.transAxes,
-            fontsize=9,
-        )
+        why = "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements"
+        norm.text(0.5, 0.5, why, ha="center", transform=norm.transAxes, fontsize=9)
     raw.set_title("Hessian effective rank (last layer)")
     norm.set_title("min–max normalised per seed (the paper's Figure 4)")
     for ax in (raw, norm):

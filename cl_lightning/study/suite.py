@@ -15,9 +15,8 @@ extra command-line arguments) and the seeds to run them with::
         paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
         budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
 
-``report`` lists what a trial changes from its experiment's paper config
-(:mod:`cl_lightning.study.departures`); a ``budget`` makes the suite a budget study
-(:mod:`cl_lightning.study.report_budget`). Every (experiment, seed) is one :class:`Trial`.
+``report`` compares each trial with its ``paper_config`` (:mod:`cl_lightning.study.departures`); a ``budget``
+makes the suite a budget study (:mod:`cl_lightning.study.report_budget`). Each (experiment, seed) is a :class:`Trial`.
 """
 
 from __future__ import annotations
@@ -67,14 +66,8 @@ class Trial:
         args = ["fit", *config_args(self.configs)]
         s = str(self.seed)
         args += ["--seed_everything", s, "--data.stream.init_args.seed", s, "--model.init_args.seed", s]
-        args += [
-            "--trainer.logger.init_args.save_dir",
-            str(Path(root) / self.suite),
-            "--trainer.logger.init_args.name",
-            self.name,
-            "--trainer.logger.init_args.version",
-            f"seed_{self.seed}",
-        ]
+        logger = {"save_dir": Path(root) / self.suite, "name": self.name, "version": f"seed_{self.seed}"}
+        args += [a for key, value in logger.items() for a in (f"--trainer.logger.init_args.{key}", str(value))]
         args += list(self.args)
         if ckpt_path is not None:
             args += ["--ckpt_path", str(ckpt_path)]
