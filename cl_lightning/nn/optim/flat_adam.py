@@ -111,13 +111,12 @@ class _FlatState:
 
 
 class FlatAdam(_FlatState):
-    """The configured Adam on one flat tensor whose views are the parameters (one fused kernel a step).
+    """``torch.optim.Adam`` / ``AdamW`` on one flat tensor whose views are the parameters (one fused kernel a step).
 
     :meth:`bind` (once per batch of steps) makes the parameters and the optimiser's ``exp_avg`` / ``exp_avg_sq``
     views of flat tensors, adopting whatever values they hold (a loaded checkpoint's), and reads the step count;
-    :meth:`counts` numbers the coming updates and :meth:`update` applies one from :attr:`grad`; :meth:`release`
-    writes the step count back into every parameter's state (the moments are the flat state itself), after which
-    the optimiser may be saved, stepped on its own or loaded; the next :meth:`bind` adopts what it then holds.
+    :meth:`counts` numbers the coming updates, :meth:`update` applies one from :attr:`grad`; :meth:`release` writes
+    the step count back (the moments are the flat state itself), and the optimiser is an ordinary one again.
     """
 
     state_keys = ("exp_avg", "exp_avg_sq")
