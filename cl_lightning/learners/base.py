@@ -236,8 +236,7 @@ class ContinualLearner(LightningModule, ABC):
 
     def forward(self, x: Tensor) -> Tensor:
         """Predict from the learner's own memory only (no context given)."""
-        empty = x[:0]
-        return self.predict_episode(empty, torch.zeros(0, dtype=torch.long, device=x.device), x)
+        return self.predict_episode(x[:0], torch.zeros(0, dtype=torch.long, device=x.device), x)
 
     def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
         """Further predictions of an episode by reading (``"live"``: ``forward_live_acc``), each logged beside

@@ -8,12 +8,10 @@ learner's ``learn_fused`` (bit for bit), :class:`NativeEngine` through the same 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, Literal, Protocol
 
 import torch
-from lightning.pytorch import Trainer
-from torch import Tensor, nn
+from torch import Tensor
 
 from cl_lightning import lightning_compat
 from cl_lightning.contract import StreamBatch, StreamSteps
@@ -39,11 +37,10 @@ FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values 
 
 
 class SteppedLearner(Protocol):
-    """What an engine uses of a learner (``ContinualLearner`` has it; the base imports this module)."""
+    """What an engine uses of a ``ContinualLearner`` (the base imports this module), besides the ``LightningModule``
+    members (``trainer``, ``device``, ``optimizers``, ``manual_backward``, ``parameters``, ``modules``)."""
 
-    trainer: Trainer
     task_type: str
-    device: torch.device
     native_optimizer: type[FlatOptimizer]
 
     def learns_steps(self) -> bool: ...
@@ -53,10 +50,7 @@ class SteppedLearner(Protocol):
     def fused_ready(self, batch: StreamSteps, start: int) -> bool: ...
     def fused_refusal(self, chunk_size: int | None = None) -> str | None: ...
     def add_task_terms(self, terms: Terms, online: list[tuple[Tensor, Tensor]]) -> None: ...
-    def optimizers(self) -> Any: ...
-    def manual_backward(self, loss: Tensor) -> None: ...
-    def parameters(self) -> Iterator[nn.Parameter]: ...
-    def modules(self) -> Iterator[nn.Module]: ...
+    def loss(self, pred: Tensor, y: Tensor) -> Tensor: ...
 
 
 class StepRun:

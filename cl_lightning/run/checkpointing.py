@@ -109,7 +109,7 @@ def configured_run(config: Any, experiment: Path) -> Path | None:
     version = logger_arguments(config).get("version")
     if version is None:
         return None
-    folder = experiment / str_version(version)
+    folder = experiment / (f"version_{version}" if isinstance(version, int) else str(version))
     return folder if folder.is_dir() else None
 
 
@@ -369,18 +369,12 @@ def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> No
         return
     init = logger_arguments(config)
     run = resume.run if resume is not None else None
-    version = init.get("version")
-    if run is None and version is not None and not (experiment / str_version(version)).is_dir():
+    if run is None and init.get("version") is not None and configured_run(config, experiment) is None:
         return  # a folder of the user's own choosing
     parent = run if run is not None else experiment
     taken = {p.name for p in parent.glob(f"{subcommand}_*")} if parent.is_dir() else set()
     name = next(f"{subcommand}_{k}" for k in range(len(taken) + 1) if f"{subcommand}_{k}" not in taken)
     init.version = f"{run.name}/{name}" if run is not None else name
-
-
-def str_version(version: int | str) -> str:
-    """The folder name of a logger ``version``: ``version_N`` for a number, else the name itself."""
-    return f"version_{version}" if isinstance(version, int) else str(version)
 
 
 def check_resumed(

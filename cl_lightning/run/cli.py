@@ -20,9 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-import cl_lightning.callbacks
-import cl_lightning.data
-import cl_lightning.learners  # noqa: F401 - makes short learner names resolve
+import cl_lightning.learners  # noqa: F401 - makes short learner names resolve (callbacks, data: imported below)
 from cl_lightning.callbacks import ForgettingMonitor
 from cl_lightning.callbacks.divergence import DivergenceError, DivergenceStop
 from cl_lightning.callbacks.progress import TaskProgressBar
@@ -247,9 +245,8 @@ def main(args: list[str] | None = None, run: bool = True) -> CLI:
     """Entry point of ``python -m cl_lightning``: a mistake is one ``error:`` line and exit code 2, a diverged run
     exit code 1 (``--debug`` or ``CL_LIGHTNING_DEBUG=1``: tracebacks)."""
     debug = debug_requested(sys.argv if args is None else args)
-    if args is None:
-        while "--debug" in sys.argv:  # LightningCLI reads sys.argv itself
-            sys.argv.remove("--debug")
+    if args is None:  # LightningCLI reads sys.argv itself
+        sys.argv[:] = [a for a in sys.argv if a != "--debug"]
     else:
         args = [a for a in args if a != "--debug"]
     CLI.command_line = list(sys.argv[1:] if args is None else args)

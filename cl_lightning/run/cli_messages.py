@@ -298,11 +298,9 @@ class HeldLines(logging.Handler):
         super().close()
 
 
-class _DropAdverts(logging.Filter):
-    """Drops Lightning's "💡 Tip: … try installing …" advertisements."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip: For seamless" not in record.getMessage()
+def _no_advert(record: logging.LogRecord) -> bool:
+    """Drops Lightning's "💡 Tip: … try installing …" advertisements (a logging filter)."""
+    return "Tip: For seamless" not in record.getMessage()
 
 
 def quiet() -> None:
@@ -324,6 +322,4 @@ def quiet() -> None:
     # the CLI says itself that a run was stopped, and how to resume it (cl_lightning.run.stopping)
     logging.getLogger("lightning.pytorch.trainer.connectors.signal_connector").setLevel(logging.WARNING)
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropAdverts) for f in log.filters):
-            log.addFilter(_DropAdverts())
+        logging.getLogger(name).addFilter(_no_advert)  # once: a logger keeps one of each filter

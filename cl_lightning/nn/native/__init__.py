@@ -61,9 +61,6 @@ class NativeUnavailableError(RuntimeError):
     """The C library could not be built or loaded (the message says why)."""
 
 
-# ---- The kernels' arguments: steps.h's *_FIELDS lists, mirrored once; checked against them at load time ----
-
-
 class _FloatPtr(ctypes.c_void_p):
     """``float *`` (kind ``f``); fields take an address (``Tensor.data_ptr()``)."""
 
@@ -148,9 +145,6 @@ def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
             )
         fn = getattr(lib, kernel)
         fn.argtypes, fn.restype = [ctypes.POINTER(args)], ctypes.c_int
-
-
-# ---- Building and loading ----
 
 
 def _cpu_tag() -> str | None:

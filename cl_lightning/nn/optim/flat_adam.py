@@ -38,9 +38,7 @@ def adam_refusal(optimizer: torch.optim.Optimizer | None, params: list[nn.Parame
         return "the optimiser's parameters are not the net's"
     if any(group.get(k) for k in ("amsgrad", "maximize", "differentiable")):
         return "amsgrad, maximize or differentiable is set"
-    if any(isinstance(group[k], Tensor) for k in ("lr", "eps", "weight_decay")) or any(
-        isinstance(b, Tensor) for b in group["betas"]
-    ):
+    if any(isinstance(v, Tensor) for v in (group["lr"], group["eps"], group["weight_decay"], *group["betas"])):
         return "a hyper-parameter is a tensor"
     if len({(p.device, p.dtype) for p in params}) != 1 or not params[0].dtype.is_floating_point:
         return "the parameters are not of one device and float dtype"
@@ -113,13 +111,12 @@ class _FlatState:
 
 
 class FlatAdam(_FlatState):
-    """The configured Adam on one flat tensor whose views are the parameters (one fused kernel a step).
+    """``torch.optim.Adam`` / ``AdamW`` on one flat tensor whose views are the parameters (one fused kernel a step).
 
     :meth:`bind` (once per batch of steps) makes the parameters and the optimiser's ``exp_avg`` / ``exp_avg_sq``
     views of flat tensors, adopting whatever values they hold (a loaded checkpoint's), and reads the step count;
-    :meth:`counts` numbers the coming updates and :meth:`update` applies one from :attr:`grad`; :meth:`release`
-    writes the step count back into every parameter's state (the moments are the flat state itself), after which
-    the optimiser may be saved, stepped on its own or loaded; the next :meth:`bind` adopts what it then holds.
+    :meth:`counts` numbers the coming updates, :meth:`update` applies one from :attr:`grad`; :meth:`release` writes
+    the step count back (the moments are the flat state itself), and the optimiser is an ordinary one again.
     """
 
     state_keys = ("exp_avg", "exp_avg_sq")
@@ -146,13 +143,8 @@ class FlatAdam(_FlatState):
         self.step_count.copy_(optimizer.state[params[0]]["step"])
         if not self._fused:  # the unfused optimiser's step is a CPU tensor: read without a device synchronisation
             self._host_count = int(optimizer.state[params[0]]["step"])
-        state = optimizer.state
-        self._views = (  # the fused kernel's lists: per-parameter views, so it rounds as on separate tensors
-            self.params,
-            self.grads,
-            [state[p]["exp_avg"] for p in params],
-            [state[p]["exp_avg_sq"] for p in params],
-        )
+        state = optimizer.state  # the fused kernel's lists: per-parameter views, so it rounds as on separate tensors
+        self._views = (self.params, self.grads, *([state[p][key] for p in params] for key in self.state_keys))
         return self
 
     @property
