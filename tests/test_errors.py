@@ -99,6 +99,11 @@ CASES: dict[str, tuple[list[str], str]] = {
         fit("--callbacks.hessian.every_n_tasks=0"),
         "every_n_tasks, num_queries, top_k and query_chunk must be positive, got every_n_tasks=0",
     ),
+    "misspelt inherited key": (  # an option a learner takes through **kwargs is suggested and listed too
+        fit(learner=["--model=EWC", "--model.init_args.seeed=1"]),
+        "EWC has no option 'seeed' (did you mean 'seed'?); its options: ewc_lambda, num_penalties, fisher_samples, "
+        "hidden_sizes, init, encoder, step_kernel, optimizer, seed",
+    ),
     # --- files the user wrote: the file and line ---
     "YAML that does not parse": (fit("--config", "{w}/broken.yaml"), "broken.yaml:4:5: not valid YAML: expected ','"),
     "misspelt include": (fit("--config", "{w}/includes.yaml"), "includes.yaml:1: included 'nope.yaml' not found"),

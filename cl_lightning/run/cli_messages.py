@@ -23,6 +23,8 @@ from cl_lightning.run.compose import scan_option
 
 _LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
 
+_VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+
 
 def _import(class_path: str) -> type | None:
     module, _, name = class_path.rpartition(".")
@@ -33,13 +35,21 @@ def _import(class_path: str) -> type | None:
 
 
 def _options(class_path: str) -> list[str]:
-    """The ``init_args`` a class accepts (its ``__init__`` keywords), linked ones left out."""
+    """The ``init_args`` a class accepts: its ``__init__`` keywords and, through ``**kwargs``, its parents' (as
+    jsonargparse follows them), less the linked ones and a learner's ``fixed_arguments``."""
     cls = _import(class_path)
     if cls is None:
         return []
-    params = inspect.signature(cls.__init__).parameters.values()
-    kinds = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-    return [p.name for p in params if p.name != "self" and p.kind not in kinds and p.name not in _LINKED]
+    names: list[str] = []
+    for owner in cls.__mro__:
+        if "__init__" not in vars(owner):
+            continue
+        params = inspect.signature(owner.__init__).parameters.values()
+        names += [p.name for p in params if p.kind not in _VARIADIC and p.name not in {"self", *names}]
+        if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
+            break
+    skipped = {*_LINKED, *getattr(cls, "fixed_arguments", ())}
+    return [name for name in names if name not in skipped]
 
 
 def _choices(key: str) -> list[str]:
