@@ -91,6 +91,16 @@ def test_suite_expands_to_experiments_times_seeds(tmp_path: Path) -> None:
     assert args[-2:] == ["--ckpt_path", "x.ckpt"]
 
 
+def test_an_experiment_named_by_a_number_keeps_its_label_and_paper_key(tmp_path: Path) -> None:
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(TINY))
+    exps = {1: {"configs": [str(config)], "label": "One", "published": "qoa_v1"}}
+    (tmp_path / "toy.yaml").write_text(yaml.safe_dump({"seeds": [0], "experiments": exps}))
+    suite = load_suite(tmp_path / "toy.yaml")
+    assert suite.trials[0].name == "1"
+    assert (suite.labels, suite.published) == ({"1": "One"}, {"1": "qoa_v1"})
+
+
 @pytest.mark.parametrize(
     ("spec", "message"),
     [

@@ -188,9 +188,9 @@ def load_suite(path: str | Path) -> Suite:
         paper = [paper] if isinstance(paper, str) else paper
         at = where("experiments", str(exp), "paper_config")
         suite.paper_configs[str(exp)] = [_resolve(c, at, path) for c in _str_list(paper, at, f"{exp}.paper_config")]
-        suite.labels[exp] = str(entry.get("label") or exp)
+        suite.labels[str(exp)] = str(entry.get("label") or exp)
         if entry.get("published"):
-            suite.published[exp] = str(entry["published"])
+            suite.published[str(exp)] = str(entry["published"])
         if "budget" in entry:
             budget = entry["budget"]
             if type(budget) is not int or budget < 1:
