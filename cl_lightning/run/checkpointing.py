@@ -203,8 +203,9 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
     else:
         path = Path(given)
     checkpoint = read_checkpoint(path)
-    run = path.resolve().parent.parent  # ``<run>/checkpoints/x.ckpt``
-    if path.resolve().parent.name != "checkpoints" or experiment is None or run.parent != experiment.resolve():
+    folder = path.resolve().parent  # ``<run>/checkpoints`` for a run's checkpoint
+    run = folder.parent
+    if folder.name != "checkpoints" or experiment is None or run.parent != experiment.resolve():
         run = None  # not a run's, or another config's run: this one starts a new version
     config.ckpt_path = str(path)
     return Resume(run, path, checkpoint)
