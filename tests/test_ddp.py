@@ -16,6 +16,7 @@ from cl_lightning.contract import StreamBatch
 from cl_lightning.data import StreamDataModule, SyntheticClasses
 from cl_lightning.data.datamodule import ChunkDataset
 from cl_lightning.learners import Backprop
+from cl_lightning.learners.engines import StepRun
 from cl_lightning.run.cli import main
 
 
@@ -90,12 +91,12 @@ class _TaskMeanProbe(Backprop):
     """Logs one name on rank 0 only (as a replay learner whose memory fills later on one rank would) and one
     weighted value per rank whose reduced mean is known."""
 
-    def training_step(self, batch: StreamBatch, batch_idx: int) -> torch.Tensor:
+    def learn_chunk(self, batch: StreamBatch, run: StepRun) -> torch.Tensor:  # the step engine's hook, per chunk
         if self.global_rank == 0:
             self.log_task_mean("probe/rank0_only", torch.tensor(3.0), 2)
         rank = torch.tensor(float(self.global_rank))
         self.log_task_mean("probe/rank", rank, 1 + self.global_rank)  # rank 0 weighs 1, rank 1 weighs 2
-        return super().training_step(batch, batch_idx)
+        return super().learn_chunk(batch, run)
 
 
 @pytest.mark.slow

@@ -223,3 +223,17 @@ def test_replay_learners_answer_from_the_first_context_examples_or_the_newest_st
     empty = model.predict_episode(cx[:0], cy[:0], qx)
     torch.testing.assert_close(empty, model.predict_support(qx, x[-n:], y[-n:]))
     torch.testing.assert_close(model(qx), empty)
+
+
+def test_a_training_step_override_that_calls_super_is_told_to_use_learn_chunk() -> None:
+    """Overriding training_step makes a learner step by itself (no engine); delegating to the base: one clear error."""
+
+    class Delegating(Backprop):
+        def training_step(self, batch, batch_idx):
+            return super().training_step(batch, batch_idx)
+
+    learner = Delegating(input_shape=(4,), num_outputs=2, hidden_sizes=[3])
+    assert learner.engine is None
+    batch = (torch.zeros(2, 4), torch.zeros(2, dtype=torch.long), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(TypeError, match="put per-chunk work in learn_chunk"):
+        learner.training_step(batch, 0)

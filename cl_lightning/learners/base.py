@@ -228,6 +228,11 @@ class ContinualLearner(LightningModule, ABC):
     def training_step(self, batch: StreamBatch | StreamSteps, batch_idx: int) -> Tensor | dict[str, Any] | None:
         """Predict the incoming chunk (:meth:`log_online`), then learn from it; by default each chunk of the batch
         in turn through the step engine."""
+        if self.engine is None:  # learns_steps: a training_step below learn_chunk's class steps by itself (EWC)
+            raise TypeError(
+                f"{type(self).__name__} overrides training_step, so it has no step engine to delegate to: put "
+                "per-chunk work in learn_chunk (the engine runs it) instead of calling super().training_step"
+            )
         return self.engine.learn(self, batch)
 
     @abstractmethod
