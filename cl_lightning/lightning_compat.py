@@ -16,20 +16,6 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import TensorBoardLogger
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-__all__ = [
-    "CompatCLI",
-    "SIGTERMException",
-    "adopt_automatic_steps",
-    "checkpoint_logged_steps",
-    "count_logged_chunks",
-    "count_optimizer_steps",
-    "logged_steps",
-    "missing_internals",
-    "set_purge_step",
-    "steps_run",
-]
 
 
 class CompatCLI(LightningCLI):
@@ -138,23 +124,16 @@ def missing_internals() -> list[str]:
     from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 
     problems = []
-    hooks = (
-        ("_parse_ckpt_path", ["self"]),
-        ("_set_seed", ["self"]),
-        ("_instantiate_trainer", ["self", "config", "callbacks"]),
-        ("_dump_config", ["self"]),
+    hooks = (  # each private hook, its parameters, and the method of LightningCLI that runs it (or its work)
+        ("_parse_ckpt_path", ["self"], "__init__", "self._parse_ckpt_path()"),
+        ("_set_seed", ["self"], "__init__", "self._set_seed()"),
+        ("_instantiate_trainer", ["self", "config", "callbacks"], "instantiate_trainer", "self._instantiate_trainer("),
+        ("_dump_config", ["self"], "_dump_config", "self.config_dump = "),
     )
-    for name, params in hooks:
+    for name, params, method, code in hooks:
         hook = getattr(LightningCLI, name, None)
         if hook is None or list(inspect.signature(hook).parameters) != params:
             problems.append(f"LightningCLI.{name}{params} is gone or has another signature")
-    uses = (
-        ("__init__", "self._parse_ckpt_path()"),
-        ("__init__", "self._set_seed()"),
-        ("instantiate_trainer", "self._instantiate_trainer("),
-        ("_dump_config", "self.config_dump = "),
-    )
-    for method, code in uses:
         if code not in _source(getattr(LightningCLI, method, None)):
             problems.append(f"LightningCLI.{method} no longer runs `{code.strip()}`")
     if list(inspect.signature(LightningCLI._get).parameters)[:4] != ["self", "config", "key", "default"]:
@@ -193,9 +172,7 @@ def _missing_step_counters(loop: str) -> list[str]:
     ):
         problems.append("_AutomaticOptimization.optim_progress.optimizer_steps (or reset) is gone")
     manual = _source(_ManualOptimization)
-    fields = set(getattr(_Progress, "__dataclass_fields__", {})) | set(
-        getattr(_ReadyCompletedTracker, "__dataclass_fields__", {})
-    )
+    fields = {f for cls in (_Progress, _ReadyCompletedTracker) for f in getattr(cls, "__dataclass_fields__", {})}
     if "self.optim_step_progress" not in manual or not {"total", "current", "ready", "completed"} <= fields:
         problems.append("_ManualOptimization.optim_step_progress (total/current, ready/completed) is gone")
     return problems

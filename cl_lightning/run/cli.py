@@ -10,7 +10,6 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -18,7 +17,7 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser
-from lightning.pytorch.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
 
 import cl_lightning.learners  # noqa: F401 - makes short learner names resolve (callbacks, data: imported below)
 from cl_lightning.callbacks import ForgettingMonitor
@@ -28,7 +27,7 @@ from cl_lightning.data.datamodule import StreamDataModule
 from cl_lightning.errors import USAGE_EXIT, UsageError, debug_requested, fail
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
-from cl_lightning.lightning_compat import CompatCLI, SIGTERMException, steps_run
+from cl_lightning.lightning_compat import CompatCLI, steps_run
 from cl_lightning.run import stopping
 from cl_lightning.run.checkpointing import (
     AtomicCheckpointIO,
@@ -38,7 +37,7 @@ from cl_lightning.run.checkpointing import (
     open_run,
     remove_temp_files,
 )
-from cl_lightning.run.cli_messages import ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
+from cl_lightning.run.cli_messages import LINKED, ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
 from cl_lightning.run.stopping import GracefulStop, StopRequested
@@ -88,7 +87,7 @@ class CLI(CompatCLI):
         """Link the data module's shapes into the learner; add ``--accept_changed_hparams``, ``include`` (hidden) and
         the callback slots (:mod:`cl_lightning.run.compose`); one task per epoch needs
         ``reload_dataloaders_every_n_epochs: 1``."""
-        for name in ("input_shape", "num_outputs", "task_type"):
+        for name in LINKED:
             parser.link_arguments(f"data.{name}", f"model.init_args.{name}", apply_on="instantiate")
         parser.add_argument(
             "--accept_changed_hparams",
@@ -214,24 +213,18 @@ class CLI(CompatCLI):
                 raise UsageError(stopping.stop_message(self.trainer, cause, self.command_line, undone)) from error
             raise
 
-    def validate(self, **kwargs: Any) -> None:
-        """``Trainer.validate`` (:meth:`evaluate`)."""
-        self.evaluate(self.trainer.validate, **kwargs)
-
-    def test(self, **kwargs: Any) -> None:
-        """``Trainer.test`` (:meth:`evaluate`)."""
-        self.evaluate(self.trainer.test, **kwargs)
-
-    def evaluate(self, run: Callable[..., Any], **kwargs: Any) -> None:
-        """``run`` the evaluation with :attr:`stop` among its callbacks: a SIGTERM / SIGINT ends it at its next batch
-        with one line and exit ``128 + signal``."""
+    def evaluate(self, **kwargs: Any) -> None:
+        """``Trainer.validate`` / ``Trainer.test`` with :attr:`stop` among its callbacks: a SIGTERM / SIGINT ends it at
+        its next batch with one line and exit ``128 + signal``."""
         self.start_lines.let_through()
         self.trainer.callbacks.append(self.stop)
         try:
-            run(**kwargs)
+            getattr(self.trainer, self.subcommand)(**kwargs)
         except (StopRequested, SIGTERMException) as error:
             incomplete = "its scores are incomplete; run the same command again"
-            self.stop.exit(error, lambda cause: f"{run.__name__} {cause} before its last batch: {incomplete}")
+            self.stop.exit(error, lambda cause: f"{self.subcommand} {cause} before its last batch: {incomplete}")
+
+    validate = test = evaluate
 
     def after_fit(self) -> None:
         """Print what happened and where it is, as the last lines of the run."""

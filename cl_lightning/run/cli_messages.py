@@ -21,7 +21,7 @@ from cl_lightning.errors import UsageError, did_you_mean, key_lines
 from cl_lightning.run.cli_help import HelpFormatter, package_first
 from cl_lightning.run.compose import scan_option
 
-_LINKED = {"input_shape", "num_outputs", "task_type"}  # filled in from the data module, never typed
+LINKED = ("input_shape", "num_outputs", "task_type")  # the learner's, filled in from the data module's: never typed
 
 _VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
 
@@ -48,7 +48,7 @@ def _options(class_path: str) -> list[str]:
         names += [p.name for p in params if p.kind not in _VARIADIC and p.name not in {"self", *names}]
         if all(p.kind is not inspect.Parameter.VAR_KEYWORD for p in params):
             break
-    skipped = {*_LINKED, *getattr(cls, "fixed_arguments", ())}
+    skipped = {*LINKED, *getattr(cls, "fixed_arguments", ())}
     return [name for name in names if name not in skipped]
 
 
@@ -58,8 +58,7 @@ def _choices(key: str) -> list[str]:
         return []
     package, base = (learners, learners.ContinualLearner) if key == "model" else (data, data.TaskStream)
     found = [getattr(package, name) for name in package.__all__]
-    concrete = [c for c in found if inspect.isclass(c) and issubclass(c, base) and not inspect.isabstract(c)]
-    return [c.__name__ for c in concrete]
+    return [c.__name__ for c in found if inspect.isclass(c) and issubclass(c, base) and not inspect.isabstract(c)]
 
 
 def _key_path(message: str) -> tuple[str, str | None]:
@@ -219,11 +218,9 @@ def origin(error: BaseException) -> str | None:
     tb: TracebackType | None = error.__traceback__
     found = None
     while tb is not None:
-        frame = tb.tb_frame
-        if frame.f_code.co_name == "__init__" and not isinstance(
-            frame.f_locals.get("self"), (LightningCLI, type(None))
-        ):
-            found = type(frame.f_locals["self"]).__name__
+        owner = tb.tb_frame.f_locals.get("self")
+        if tb.tb_frame.f_code.co_name == "__init__" and not isinstance(owner, LightningCLI | None):
+            found = type(owner).__name__
         tb = tb.tb_next
     return found
 
