@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 from cl_lightning.errors import did_you_mean, fail, guarded
@@ -16,14 +17,8 @@ def main(argv: list[str] | None = None) -> None:
     """Dispatch ``sweep`` and ``report`` to their modules and the Lightning commands to the LightningCLI."""
     args = sys.argv[1:] if argv is None else list(argv)
     command = args[0] if args else None
-    if command == "sweep":
-        from cl_lightning.study.sweep import main as sweep
-
-        sys.exit(guarded(sweep, args[1:]))
-    elif command == "report":
-        from cl_lightning.study.report import main as report
-
-        sys.exit(guarded(report, args[1:]))
+    if command in ("sweep", "report"):
+        sys.exit(guarded(importlib.import_module(f"cl_lightning.study.{command}").main, args[1:]))
     elif command is not None and not command.startswith("-") and command not in LIGHTNING_COMMANDS:
         hint = did_you_mean(command, COMMANDS)
         fail(f"no command '{command}'{hint}; choose one of: {', '.join(COMMANDS)}", hint=False)

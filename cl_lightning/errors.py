@@ -33,11 +33,6 @@ def did_you_mean(word: str, options: Sequence[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def yaml_line(node_mark: Any) -> int:
-    """The 1-based line of a PyYAML mark."""
-    return int(node_mark.line) + 1
-
-
 def load_yaml(path: str | Path) -> Any:
     """Parse a YAML file; a file that is missing or does not parse is a :class:`UsageError` naming file and line."""
     path = Path(path)
@@ -51,7 +46,7 @@ def load_yaml(path: str | Path) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{yaml_line(mark)}:{mark.column + 1}" if mark is not None else str(path)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise UsageError(f"{where}: not valid YAML: {problem}") from None
 
@@ -71,7 +66,7 @@ def key_lines(path: str | Path) -> dict[tuple[str, ...], int]:
         if isinstance(node, yaml.MappingNode):
             for key, value in node.value:
                 here = (*prefix, str(key.value))
-                lines[here] = yaml_line(key.start_mark)
+                lines[here] = key.start_mark.line + 1
                 walk(value, here)
 
     walk(root, ())

@@ -76,12 +76,10 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-def remove_temp_files(folder: Path) -> list[Path]:
-    """Delete half-written checkpoints (``*.ckpt.tmp<pid>``) a killed run left in ``folder``; returns them."""
-    stale = sorted(folder.glob(f"*.ckpt{TEMP_MARK}*")) if folder.is_dir() else []
-    for path in stale:
+def remove_temp_files(folder: Path) -> None:
+    """Delete half-written checkpoints (``*.ckpt.tmp<pid>``) a killed run left in ``folder``."""
+    for path in list(folder.glob(f"*.ckpt{TEMP_MARK}*")):
         path.unlink(missing_ok=True)
-    return stale
 
 
 def version_of(run: Path) -> int | str:
@@ -214,13 +212,8 @@ def find_resume(config: Any, subcommand: str) -> Resume | None:
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts to dotted keys; tuples as lists (a YAML round trip turns one into the other)."""
     if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, item in value.items():
-            out.update(_flatten(item, f"{prefix}{key}."))
-        return out
-    if isinstance(value, tuple):
-        value = list(value)
-    return {prefix.rstrip("."): value}
+        return {k: v for key, item in value.items() for k, v in _flatten(item, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): list(value) if isinstance(value, tuple) else value}
 
 
 def keyword_defaults(cls: type) -> dict[str, Any]:

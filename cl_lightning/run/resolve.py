@@ -48,10 +48,7 @@ def resolved_config(configs: Sequence[str], args: Sequence[str] = ()) -> dict[st
 def main(argv: list[str]) -> int:
     """Print the resolved config of ``argv`` (``fit``'s arguments without the command) as JSON; with ``argv`` ``["-"]``
     the configs of every argument list in the JSON list on standard input."""
-    if argv == ["-"]:
-        out: Any = [resolved_config([], args) for args in json.load(sys.stdin)]
-    else:
-        out = resolved_config([], argv)
+    out = [resolved_config([], args) for args in json.load(sys.stdin)] if argv == ["-"] else resolved_config([], argv)
     sys.stdout.write(json.dumps(out) + "\n")
     return 0
 
