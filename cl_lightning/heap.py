@@ -37,7 +37,6 @@ def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
 def release_free_heap() -> bool:
     """Return the heap's free pages to the operating system (glibc ``malloc_trim(0)``); ``True`` if it ran."""
     libc = _libc()
-    if libc is None:
-        return False
-    libc.malloc_trim(0)
-    return True
+    if libc is not None:
+        libc.malloc_trim(0)
+    return libc is not None

@@ -252,9 +252,7 @@ def hparam_differences(
     out = []
     for key in sorted(a.keys() | b.keys(), key=lambda k: (k != "_class_path", k)):
         old, new = a.get(key, missing), b.get(key, missing)
-        if old is missing and key in defaults and new == defaults[key]:
-            continue
-        if old != new:
+        if old != new and not (old is missing and key in defaults and new == defaults[key]):
             show = lambda v: "(absent)" if v is missing else repr(v)  # noqa: E731
             out.append(f"{prefix}{key}: checkpoint {show(old)}, config {show(new)}")
     return out

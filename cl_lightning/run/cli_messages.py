@@ -9,8 +9,8 @@ import inspect
 import logging
 import re
 import sys
+import traceback
 import warnings
-from types import TracebackType
 from typing import Any, ClassVar
 
 from jsonargparse import ArgumentParser
@@ -215,13 +215,11 @@ def locate(option: str, arguments: list[str]) -> str | None:
 
 def origin(error: BaseException) -> str | None:
     """The class whose ``__init__`` raised ``error`` (the innermost constructor on its traceback), if any."""
-    tb: TracebackType | None = error.__traceback__
     found = None
-    while tb is not None:
-        owner = tb.tb_frame.f_locals.get("self")
-        if tb.tb_frame.f_code.co_name == "__init__" and not isinstance(owner, LightningCLI | None):
+    for frame, _ in traceback.walk_tb(error.__traceback__):
+        owner = frame.f_locals.get("self")
+        if frame.f_code.co_name == "__init__" and not isinstance(owner, LightningCLI | None):
             found = type(owner).__name__
-        tb = tb.tb_next
     return found
 
 

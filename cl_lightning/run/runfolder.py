@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from pathlib import Path
 
 from filelock import FileLock, Timeout
@@ -91,8 +92,6 @@ class Snapshot:
 
     def undo(self) -> None:
         """Put the folder back as it was (the lock file stays: the lock is still held)."""
-        import shutil
-
         for folder in self.new_folders:
             shutil.rmtree(folder, ignore_errors=True)
         if not self.run.is_dir():
