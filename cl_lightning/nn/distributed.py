@@ -12,22 +12,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 
-def world() -> tuple[int, int]:
-    """``(rank, world_size)`` of the default process group, ``(0, 1)`` without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
 def _check_same_episode(query_x: Tensor, support_x: Tensor, world_size: int) -> None:
     """Raise unless every rank holds the same episode (query count and checksums of the queries and supports)."""
-    sig = torch.stack(
-        [
-            torch.tensor(float(query_x.shape[0]), dtype=torch.float64, device=query_x.device),
-            query_x.detach().double().sum(),
-            support_x.detach().double().sum(),
-        ]
-    )
+    count = torch.tensor(float(query_x.shape[0]), dtype=torch.float64, device=query_x.device)
+    sig = torch.stack([count, query_x.detach().double().sum(), support_x.detach().double().sum()])
     sigs = [torch.empty_like(sig) for _ in range(world_size)]
     dist.all_gather(sigs, sig)
     if any(not torch.equal(s, sigs[0]) for s in sigs):
@@ -48,9 +36,9 @@ def answer_across_ranks(fn: Callable[[Tensor], Tensor], query_x: Tensor, support
     Returns:
         The answers to all queries, in order, on every rank (without a process group: ``fn(query_x)``).
     """
-    rank, world_size = world()
-    if world_size == 1:
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return fn(query_x)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
     _check_same_episode(query_x, support_x, world_size)
     n = query_x.shape[0]
     per = math.ceil(n / world_size)

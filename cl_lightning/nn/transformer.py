@@ -38,11 +38,6 @@ def naive_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     return scores.softmax(-1) @ v  # (B, N, D)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """:func:`naive_attention` through ``torch.nn.functional.scaled_dot_product_attention`` (same shapes)."""
-    return nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
 class TinyTransformer(nn.Module):
     """A stack of single-head self-attention layers with residual connections only.
 
@@ -72,7 +67,7 @@ class TinyTransformer(nn.Module):
             fast: Use SDPA (default) or the readable :func:`naive_attention` reference.
         """
         mask = None if num_supports is None else support_mask(num_supports, tokens.shape[-2], tokens.device)
-        attend = attention if fast else naive_attention
+        attend = nn.functional.scaled_dot_product_attention if fast else naive_attention
         z = tokens
         for q, k, v in zip(self.q, self.k, self.v, strict=True):
             z = z + attend(q(z), k(z), v(z), mask)  # residual only
