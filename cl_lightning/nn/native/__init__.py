@@ -41,14 +41,7 @@ from torch import Tensor, nn
 from cl_lightning.nn.gnt import GenerateAndTest
 from cl_lightning.nn.optim import FlatAdam, FlatAdamGnT, FlatOptimizer
 
-__all__ = [
-    "NativeUnavailableError",
-    "attention_mse_steps",
-    "available",
-    "cbp_mse_steps",
-    "library",
-    "mlp_mse_steps",
-]
+__all__ = ["NativeUnavailableError", "attention_mse_steps", "available", "cbp_mse_steps", "library", "mlp_mse_steps"]
 
 _SOURCE = Path(__file__).with_name("steps.c")
 _HEADER = _SOURCE.with_name("steps.h")  # the argument structs, included by steps.c
@@ -160,20 +153,14 @@ def _cpu_tag() -> str | None:
     return None if None in found else "\n".join(found)
 
 
-def _compiler() -> str:
-    """The C compiler (``$CC``, else ``cc``): :class:`NativeUnavailableError` when it is not on PATH."""
+def _load(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """``steps.c`` built with ``defines`` (``-D`` flags), from the cache or compiled into it, loaded and checked."""
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise NativeUnavailableError(
             f"step_kernel=native: no C compiler: {compiler!r} is not on PATH "
             "(install one, e.g. apt install gcc, or set CC)"
         )
-    return compiler
-
-
-def _load(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    """``steps.c`` built with ``defines`` (``-D`` flags), from the cache or compiled into it, loaded and checked."""
-    compiler = _compiler()
     cpu = _cpu_tag()
     flags = [*_FLAGS, *(["-march=native"] if cpu else []), *defines]
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
