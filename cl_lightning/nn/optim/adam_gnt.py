@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 UpdateRule = Literal["corrected", "reference"]
+STATE_KEYS = ("element_step", "exp_avg", "exp_avg_sq")  # each parameter's (t, m, v), element by element
 
 
 class AdamGnT(torch.optim.Optimizer):
@@ -58,11 +59,7 @@ class AdamGnT(torch.optim.Optimizer):
         self.update_rule = update_rule
         for group in self.param_groups:
             for p in group["params"]:
-                self.state[p] = {
-                    "element_step": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
-                    "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
-                }
+                self.state[p] = {key: torch.zeros_like(p, memory_format=torch.preserve_format) for key in STATE_KEYS}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -76,9 +73,7 @@ class AdamGnT(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                state = self.state[p]
-                moments = state["element_step"], state["exp_avg"], state["exp_avg_sq"]
-                adam_gnt_update(p, p.grad, moments, hyper, self.update_rule)
+                adam_gnt_update(p, p.grad, tuple(self.state[p][k] for k in STATE_KEYS), hyper, self.update_rule)
         return loss
 
     @torch.no_grad()
@@ -86,7 +81,7 @@ class AdamGnT(torch.optim.Optimizer):
         """Zero the step counts and both moments of ``param`` at ``index`` along ``dim`` (a replaced unit's row or
         column): the unit's next update is a fresh Adam step (``lop/algos/gnt.py``, ``update_optim_params``)."""
         state = self.state[param]
-        for key in ("element_step", "exp_avg", "exp_avg_sq"):
+        for key in STATE_KEYS:
             state[key].index_fill_(dim, index.to(state[key].device), 0)
 
 

@@ -16,7 +16,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from cl_lightning.nn.optim.adam_gnt import AdamGnT, adam_gnt_update
+from cl_lightning.nn.optim.adam_gnt import STATE_KEYS, AdamGnT, adam_gnt_update
 
 _ALIGN = 16  # elements: 64 bytes of float32, the alignment of a tensor of its own on the CPU
 
@@ -214,7 +214,7 @@ class FlatAdamGnT(_FlatState):
     as :class:`FlatAdam`; the step counts (``element_step``) are part of the flat state, so :meth:`counts` numbers
     nothing and :meth:`release` has nothing to write."""
 
-    state_keys = ("element_step", "exp_avg", "exp_avg_sq")
+    state_keys = STATE_KEYS
 
     def __init__(self) -> None:
         super().__init__()
