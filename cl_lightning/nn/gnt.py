@@ -24,9 +24,8 @@ Quirks of the reference kept as options with the faithful default:
 - With ``replacement_rate = 0`` the reference returns before updating ages and utilities; so does this.
 - Ties in utility are broken towards the lower unit index (the reference's ``topk`` leaves them unspecified).
 
-All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_corrected_util_i``,
-``mean_act_i``, ``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float),
-``replaced_i`` (a running count)). Randomness comes from the generator passed to :meth:`step`.
+All state is in registered buffers (per hidden layer ``i``: ``util_i``, ``bias_corrected_util_i``, ``mean_act_i``,
+``age_i``, ``to_replace_i`` (the carried fraction, float64 as the reference's Python float), ``replaced_i`` (a count)).
 
 No host synchronisation per step: how many units a layer replaces depends only on past replacement counts, so the
 counts are kept on the host (:class:`HostCounts`, rebuilt from the buffers on load) and the replaced units are the
@@ -170,10 +169,9 @@ class GenerateAndTest(nn.Module):
 
     def sync_host(self) -> None:
         """Rebuild the host counts from the ``age_i`` and ``to_replace_i`` buffers (after writing them by hand)."""
+        threshold = self.maturity_threshold
         self._host = [
-            HostCounts.from_ages(
-                self.buffer("age", i).cpu(), self.maturity_threshold, float(self.buffer("to_replace", i))
-            )
+            HostCounts.from_ages(self.buffer("age", i).cpu(), threshold, float(self.buffer("to_replace", i)))
             for i in range(self.num_layers)
         ]
 
@@ -254,19 +252,17 @@ class GenerateAndTest(nn.Module):
 
     def _no_units(self, device: torch.device) -> Tensor:
         """The zero-size index of "no unit replaced" on ``device`` (made once, shared: read it only)."""
-        none = self._none.get(device)
-        if none is None:
-            none = self._none[device] = torch.zeros(0, dtype=torch.long, device=device)
-        return none
+        if device not in self._none:
+            self._none[device] = torch.zeros(0, dtype=torch.long, device=device)
+        return self._none[device]
 
     def _operands(self, util: Tensor, age: Tensor) -> tuple[Tensor | float, ...]:
         """η and 1 as operands on ``util``, 1 on ``age`` (:func:`~cl_lightning.nn.optim.flat_adam.scalar_operand`)."""
         key = (util.dtype, util.device)
-        constants = self._constants.get(key)
-        if constants is None:
-            constants = (scalar_operand(self.decay_rate, util), scalar_operand(1.0, util), scalar_operand(1, age))
-            self._constants[key] = constants
-        return constants
+        if key not in self._constants:
+            eta, one = (scalar_operand(c, util) for c in (self.decay_rate, 1.0))
+            self._constants[key] = (eta, one, scalar_operand(1, age))
+        return self._constants[key]
 
     def _bias_correction(self, i: int) -> Tensor:
         """``1 − η^age`` of layer ``i``'s units ``(H,)``: Adam-style bias correction of the running averages."""
@@ -307,12 +303,11 @@ class GenerateAndTest(nn.Module):
         host = self._host[i]
         expected = self.replacement_rate * eligible
         host.carried += expected  # the reference accumulates in both modes
-        if self.accumulate:
-            count = math.floor(host.carried)
-            host.carried -= count
-        else:
+        if not self.accumulate:
             draw = float(torch.rand((), generator=gen, dtype=torch.float64))  # the CPU generator: a host value
-            count = int(draw <= expected and eligible > 0) if expected < 1 else math.floor(expected)
+            return int(draw <= expected and eligible > 0) if expected < 1 else math.floor(expected)
+        count = math.floor(host.carried)
+        host.carried -= count
         return count
 
     def _generate(
