@@ -134,8 +134,7 @@ class PairScorer(nn.Module):
         if not needs_grad:  # hooked evaluation (a monitor watches the layers): cache-sized blocks as score_blocked
             budget = self.block_pairs or tuned_block_pairs(a.shape[1], len(self.hidden), a.device, a.dtype)
         step = max(1, budget // max(1, support_x.shape[0]))
-        if has_forward_hooks((self.first,)):  # a monitor watches the first layer: it runs
-            # as a module on explicit pairs, so its hooks see them (slower; only while a monitor probes)
+        if has_forward_hooks((self.first,)):  # a monitor watches the first layer: its hooks see explicit pairs (slower)
             parts = [self.forward_concat(q, support_x, support_y) for q in query_x.split(step)]
         else:
             parts = [self.tail(self.query_part(q)[:, None, :] + a[None]) for q in query_x.split(step)]  # (q, S) each
@@ -177,10 +176,7 @@ class PairScorer(nn.Module):
         """Two ``(rows, width)`` buffers, reused while they are large enough and of the right device and dtype."""
         ws = self._workspace
         if ws is None or ws[0].shape[0] < rows or (ws[0].shape[1], ws[0].device, ws[0].dtype) != (width, device, dtype):
-            ws = self._workspace = (
-                torch.empty(rows, width, device=device, dtype=dtype),
-                torch.empty(rows, width, device=device, dtype=dtype),
-            )
+            ws = self._workspace = tuple(torch.empty(rows, width, device=device, dtype=dtype) for _ in range(2))
         return ws
 
     def forward_concat(self, query_x: Tensor, support_x: Tensor, support_y: Tensor | None = None) -> Tensor:

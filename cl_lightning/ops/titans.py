@@ -21,7 +21,7 @@ L^mu likewise and D = L^r L^mu:
 import torch
 from torch import Tensor
 
-from cl_lightning.ops.utils import check_mini_batch_size, chunk_scan, decay_matrix
+from cl_lightning.ops.utils import check_mini_batch_size, chunk_scan, decay_matrix, start_state
 
 TitansState = tuple[Tensor, Tensor]
 
@@ -32,8 +32,7 @@ def _setup(q: Tensor, v: Tensor, beta: Tensor, log_momentum, log_retain, initial
     log_momentum = zeros if log_momentum is None else log_momentum
     log_retain = zeros if log_retain is None else log_retain
     if initial_state is None:
-        state = q.new_zeros(*q.shape[:2], q.shape[-1], v.shape[-1])
-        initial_state = (state, state)
+        initial_state = (start_state(q, v, None),) * 2
     return log_momentum, log_retain, initial_state
 
 

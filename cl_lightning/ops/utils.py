@@ -98,7 +98,6 @@ def masked_read_write(q: Tensor, k: Tensor, u: Tensor, state: Tensor, mask: Tens
 
 
 def check_mini_batch_size(mini_batch_size: int) -> None:
-    """Raise ValueError unless ``mini_batch_size`` >= 1."""
     if mini_batch_size < 1:
         raise ValueError(f"mini_batch_size must be >= 1, got {mini_batch_size}")
 
