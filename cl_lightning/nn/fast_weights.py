@@ -65,13 +65,11 @@ class FastWeightRule(ABC):
         readout head) and the final state, of the structure of ``state``. With P pairs per example the chunk is
         written as a P-times longer sequence (:func:`cl_lightning.ops.expand_pairs`)."""
         keys, beta, g, log_mu, gamma = enc
-        pairs = keys.shape[3] if keys.dim() == 5 else 1
+        q, pairs = keys, (keys.shape[3] if keys.dim() == 5 else 1)
         if pairs > 1:  # P pairs per example: a P-times longer sequence, read at each example's first pair
             values = values.unsqueeze(3).expand(-1, -1, -1, pairs, -1)  # every pair carries the example's value
             q, keys, values, beta = ops.expand_pairs(keys, keys, values, _per_pair(beta, pairs))
             g, log_mu, gamma = (None if t is None else _per_pair(t, pairs).flatten(2, 3) for t in (g, log_mu, gamma))
-        else:
-            q = keys
         s0 = tuple(t.unsqueeze(0).to(keys.dtype) for t in as_tuple(state))  # (1, H, ...)
         o, s = self.run(slow, q, Encoded(keys, beta, g, log_mu, gamma), values, s0, prequential)
         if pairs > 1:

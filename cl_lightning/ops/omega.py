@@ -26,9 +26,11 @@ from torch import Tensor
 from cl_lightning.ops.utils import chunk_scan, masked_read_write, recurrent_scan, start_state, unit_lower_solve
 
 
-def _check_window(window: int) -> None:
+def _setup(q: Tensor, v: Tensor, beta: Tensor, gamma: Tensor | None, window: int, initial_state: Tensor | None):
+    """gamma (ones if None) and S_0, the window checked."""
     if window < 1:
         raise ValueError(f"window (the Omega rule's c) must be >= 1, got {window}")
+    return torch.ones_like(beta) if gamma is None else gamma, start_state(q, v, initial_state)
 
 
 def naive_recurrent_omega_rule(
@@ -50,9 +52,7 @@ def naive_recurrent_omega_rule(
         gamma: Per-token importance gamma_i inside the windows, shape (B, H, T); None means ones.
         window: Window length c >= 1 (c = 1 is the delta rule).
     """
-    _check_window(window)
-    gamma = torch.ones_like(beta) if gamma is None else gamma
-    state = start_state(q, v, initial_state)
+    gamma, state = _setup(q, v, beta, gamma, window, initial_state)
 
     def write(t: int, state: Tensor) -> Tensor:  # one gradient step on the window loss per token
         lo = max(0, t - window + 1)
@@ -95,9 +95,7 @@ def chunk_omega_rule(
         >>> torch.allclose(o, chunk_delta_rule(q, k, v, beta, chunk_size=3)[0], atol=1e-6)  # c = 1: delta rule
         True
     """
-    _check_window(window)
-    gamma = torch.ones_like(beta) if gamma is None else gamma
-    state = start_state(q, v, initial_state)
+    gamma, state = _setup(q, v, beta, gamma, window, initial_state)
     k_w, v_w = _windows(k, window), _windows(v, window)  # (B, H, T, c, K), (B, H, T, c, V)
     rate = beta.unsqueeze(-1) * _windows(gamma, window)  # a_{t,i} = eta_t gamma_i, 0 before the start, (B, H, T, c)
 

@@ -28,9 +28,7 @@ TitansState = tuple[Tensor, Tensor]
 
 def _setup(q: Tensor, v: Tensor, beta: Tensor, log_momentum, log_retain, initial_state, mini_batch_size):
     check_mini_batch_size(mini_batch_size)
-    zeros = torch.zeros_like(beta)
-    log_momentum = zeros if log_momentum is None else log_momentum
-    log_retain = zeros if log_retain is None else log_retain
+    log_momentum, log_retain = (torch.zeros_like(beta) if g is None else g for g in (log_momentum, log_retain))
     if initial_state is None:
         initial_state = (start_state(q, v, None),) * 2
     return log_momentum, log_retain, initial_state

@@ -47,9 +47,10 @@ def ln_l2_grad(z: Tensor, target: Tensor, weight: Tensor, bias: Tensor) -> Tenso
 
 
 def _setup(
-    q: Tensor, ln_weight: Tensor | None, ln_bias: Tensor | None, initial_state: TTTState | None
+    q: Tensor, k: Tensor, v: Tensor, ln_weight: Tensor | None, ln_bias: Tensor | None, initial_state: TTTState | None
 ) -> tuple[Tensor, Tensor, TTTState]:
-    """LN parameters shaped (H, 1, D) and the initial state (W (B, H, D, D), b (B, H, D)), zeros if None."""
+    """LN parameters shaped (H, 1, D) and the initial state (W (B, H, D, D), b (B, H, D)), zeros if None; K == V."""
+    assert k.shape[-1] == v.shape[-1], "TTT-Linear needs K == V"
     batch, heads, _, dim = q.shape
     weight = q.new_ones(heads, dim) if ln_weight is None else ln_weight
     bias = q.new_zeros(heads, dim) if ln_bias is None else ln_bias
@@ -96,8 +97,7 @@ def naive_recurrent_ttt_linear(
             new mini-batch (calls match one call where they split the stream on mini-batch boundaries).
         position_scale: tau_i for i = 1..M, shape (M,); None means 1/i.
     """
-    assert k.shape[-1] == v.shape[-1], "TTT-Linear needs K == V"
-    ln_w, ln_b, (weight, bias) = _setup(q, ln_weight, ln_bias, initial_state)
+    ln_w, ln_b, (weight, bias) = _setup(q, k, v, ln_weight, ln_bias, initial_state)
     tau = _position_scale(q, mini_batch_size, position_scale)
     w_start, b_start, grad_w, grad_b = weight, bias, torch.zeros_like(weight), torch.zeros_like(bias)
     outputs = []
@@ -140,8 +140,7 @@ def chunk_ttt_linear(
         >>> tuple(o.shape), tuple(weight.shape), tuple(bias.shape)
         ((1, 2, 9, 4), (1, 2, 4, 4), (1, 2, 4))
     """
-    assert k.shape[-1] == v.shape[-1], "TTT-Linear needs K == V"
-    ln_w, ln_b, state = _setup(q, ln_weight, ln_bias, initial_state)
+    ln_w, ln_b, state = _setup(q, k, v, ln_weight, ln_bias, initial_state)
     tau = _position_scale(q, mini_batch_size, position_scale)
 
     def step(q_c: Tensor, k_c: Tensor, v_c: Tensor, beta_c: Tensor, state: TTTState) -> tuple[Tensor, TTTState]:
