@@ -141,8 +141,7 @@ def _check_layouts(lib: ctypes.CDLL, path: Path) -> None:
 
 
 def _cpu_tag() -> str | None:
-    """What ``-march=native`` depends on: the CPU's model and instruction-set flags (a shared cache may serve several
-    machines); ``None`` where ``/proc/cpuinfo`` does not name them (then the build is portable)."""
+    """What ``-march=native`` depends on (the CPU's model and flags); ``None`` where ``/proc/cpuinfo`` lacks them."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
@@ -188,8 +187,7 @@ def _load(defines: tuple[str, ...] = ()) -> ctypes.CDLL:
 
 @cache
 def library() -> ctypes.CDLL:
-    """The compiled kernels, built on first use (see the module docstring); :class:`NativeUnavailableError` if they
-    cannot be."""
+    """The compiled kernels, built on first use; :class:`NativeUnavailableError` if they cannot be."""
     return _load()
 
 
@@ -224,12 +222,11 @@ def _layout(adam: FlatOptimizer, layers: list[nn.Linear], sizes: list[int]) -> t
         same = len(params_then) == len(params) and all(a is b for a, b in zip(params_then, params, strict=False))
         if offsets_then is adam._offsets and sizes_then == sizes and same:
             return layout
-    index = {id(p): i for i, p in enumerate(adam.params)}
-    offsets = adam._offsets
-    w_off = torch.tensor([offsets[index[id(layer.weight)]] for layer in layers], dtype=torch.int64)
-    b_off = torch.tensor([offsets[index[id(layer.bias)]] for layer in layers], dtype=torch.int64)
+    offset = {id(p): o for p, o in zip(adam.params, adam._offsets, strict=False)}  # _offsets ends with the length
+    w_off = torch.tensor([offset[id(layer.weight)] for layer in layers], dtype=torch.int64)
+    b_off = torch.tensor([offset[id(layer.bias)] for layer in layers], dtype=torch.int64)
     layout = torch.tensor(sizes, dtype=torch.int64), w_off, b_off
-    _LAYOUTS[adam] = (offsets, list(sizes), params, layout)
+    _LAYOUTS[adam] = (adam._offsets, list(sizes), params, layout)
     return layout
 
 

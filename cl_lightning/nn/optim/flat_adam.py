@@ -11,6 +11,7 @@ the rest (``+ − × ÷ √``, ``lerp``, ``addcmul``, ``addcdiv``) runs once on 
 
 from __future__ import annotations
 
+import itertools
 from typing import Literal, NamedTuple
 
 import torch
@@ -92,9 +93,7 @@ class _FlatState:
         zero), and point both at views of them."""
         state = optimizer.state
         self.params, self._optimizer = list(params), optimizer
-        self._offsets = [0]
-        for p in params:
-            self._offsets.append(self._offsets[-1] + -(-p.numel() // _ALIGN) * _ALIGN)
+        self._offsets = [0, *itertools.accumulate(-(-p.numel() // _ALIGN) * _ALIGN for p in params)]
         self.flat = params[0].new_zeros(self._offsets[-1])
         self.grad = torch.zeros_like(self.flat)
         self.moments = {name: torch.zeros_like(self.flat) for name in self.state_keys}
