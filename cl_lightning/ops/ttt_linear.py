@@ -99,7 +99,6 @@ def naive_recurrent_ttt_linear(
     """
     ln_w, ln_b, (weight, bias) = _setup(q, k, v, ln_weight, ln_bias, initial_state)
     tau = _position_scale(q, mini_batch_size, position_scale)
-    w_start, b_start, grad_w, grad_b = weight, bias, torch.zeros_like(weight), torch.zeros_like(bias)
     outputs = []
     for t in range(q.shape[2]):  # sequential reference: gradients accumulate token by token within a mini-batch
         pos = t % mini_batch_size

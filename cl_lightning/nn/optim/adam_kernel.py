@@ -11,17 +11,6 @@ import torch
 
 NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
 
-_FUSABLE = (torch.optim.Adam, torch.optim.AdamW)
-
-
-def _fused_devices() -> list[str]:
-    try:
-        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-        return list(_get_fused_kernels_supported_devices())
-    except ImportError:  # pragma: no cover - older torch
-        return ["cuda"]
-
 
 def prefer_fused(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | None:
     """Switch an Adam / AdamW whose implementation was left to PyTorch to its fused kernel where the parameters'
@@ -30,9 +19,14 @@ def prefer_fused(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimiz
     Call it before the first step (the state's step counters are created on first use in the fused layout).
     Other optimisers are returned unchanged.
     """
-    if not isinstance(optimizer, _FUSABLE):
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
         return optimizer
-    devices = _fused_devices()
+    try:
+        from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+        devices = list(_get_fused_kernels_supported_devices())
+    except ImportError:  # pragma: no cover - older torch
+        devices = ["cuda"]
     for group in optimizer.param_groups:
         if group.get("fused") or group.get("foreach") or group.get("differentiable"):
             continue
