@@ -248,12 +248,8 @@ def require(obj: Any, protocol: type, who: str) -> None:
     component that needs it) does not provide ``protocol``."""
     if isinstance(obj, protocol):
         return
-    missing = sorted(
-        name
-        for name in (*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_")))
-        if not hasattr(obj, name)
-    )
-    lacks = ", ".join(missing) or "?"
+    names = (*protocol.__annotations__, *(n for n in vars(protocol) if not n.startswith("_")))
+    lacks = ", ".join(sorted(name for name in names if not hasattr(obj, name))) or "?"
     raise TypeError(f"{who} needs the {protocol.__name__} interface; {type(obj).__name__} lacks {lacks}")
 
 

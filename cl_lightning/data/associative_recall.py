@@ -137,9 +137,10 @@ class AssociativeRecall(TaskStream):
         dim = self.input_shape[0]
         return torch.randn(self.query_size, dim, generator=task_generator(self.seed, task, salt=19)) / dim**0.5
 
-    def slots(self, task: int) -> torch.Tensor:
-        """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``."""
-        gen = task_generator(self.seed, task)
+    def slots(self, task: int, gen: torch.Generator | None = None) -> torch.Tensor:
+        """The slot of each of the task's examples, training ones then queries: ``(train_size + query_size,)``, the
+        first draw of the task's generator (``gen``: :meth:`generate`'s, which then draws the noise)."""
+        gen = task_generator(self.seed, task) if gen is None else gen
         return torch.randint(0, self.num_items, (self.train_size + self.query_size,), generator=gen)
 
     def revision_episode(
@@ -159,11 +160,9 @@ class AssociativeRecall(TaskStream):
         """Noisy copies of the task's items in arrival order, and fresh noisy copies as queries."""
         keys, values = self.items(task)
         gen = task_generator(self.seed, task)
-        n = self.train_size + self.query_size
-        idx = torch.randint(0, self.num_items, (n,), generator=gen)  # = self.slots(task), the generator's first draw
-        x = keys[idx] + self.noise * torch.randn(n, self.input_shape[0], generator=gen) / self.input_shape[0] ** 0.5
+        idx, dim, k = self.slots(task, gen), self.input_shape[0], self.train_size
+        x = keys[idx] + self.noise * torch.randn(idx.shape[0], dim, generator=gen) / dim**0.5
         y = values[idx]
-        k = self.train_size
         if self.rule:  # the queries: unseen keys under the task's rule
             unseen = self.unseen_keys(task)
             return TaskData(x[:k], y[:k], unseen, self.rule_values(task, unseen))

@@ -101,7 +101,7 @@ class StreamDataModule(LightningDataModule):
 
     Args:
         stream: The benchmark (``class_path`` in YAML).
-        context_size: Labelled context examples per episode (the first ones of the task's training portion).
+        context_size: Labelled context examples per episode: the task's first training examples (SCR: its last).
         eval_queries: Held-out queries per episode (``None``: all of them).
         backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).

@@ -142,9 +142,8 @@ class SlowlyChangingRegression(TaskStream):
     def generate(self, task: int) -> TaskData:
         """The task's block of steps: slow bits repeated, fresh random bits per step, targets from the fixed net."""
         n = self.train_size + self.query_size
-        fast = torch.randint(
-            0, 2, (n, self.input_shape[0] - self.num_slow_bits), generator=task_generator(self.seed, task)
-        )
+        gen = task_generator(self.seed, task)
+        fast = torch.randint(0, 2, (n, self.input_shape[0] - self.num_slow_bits), generator=gen)
         x = torch.cat([self.slow_bits(task).expand(n, -1), fast.float()], dim=1)  # (n, m)
         y = self.target(x)  # (n, 1)
         k = self.train_size

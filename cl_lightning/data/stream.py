@@ -41,9 +41,7 @@ def check_at_least(low: float, **values: float | None) -> None:
 
 def task_generator(seed: int, task: int, salt: int = 0) -> torch.Generator:
     """A CPU generator seeded from ``(seed, task)`` alone, so a task never depends on what ran before it."""
-    gen = torch.Generator()
-    gen.manual_seed((seed * 1_000_003 + task * 7_919 + salt * 104_729) % (2**63 - 1))
-    return gen
+    return torch.Generator().manual_seed((seed * 1_000_003 + task * 7_919 + salt * 104_729) % (2**63 - 1))
 
 
 class TaskStream(ABC):

@@ -33,8 +33,7 @@ def accuracy_matrix_figure(
     fig.colorbar(im, ax=ax, fraction=0.05)
     ax.set_xticks(range(k), [str(t) for t in probe_tasks], rotation=90 if k > 12 else 0)
     ax.set_yticks(range(len(rows)), rows)
-    ax.set_xlabel("probe task j")
-    ax.set_title(f"{metric} matrix R[i, j]")
+    ax.set(xlabel="probe task j", title=f"{metric} matrix R[i, j]")
     if k <= 12:
         for (i, j), v in np.ndenumerate(data):
             if not math.isnan(v):
@@ -57,9 +56,7 @@ def transfer_curves_figure(
     per = f", mean of {window} tasks" if window > 1 else ""
     left.plot(*window_means(forward, window), label=f"forward (task t) {metric}{per}")
     left.plot(*window_means(backward, window), label=f"backward (past task) {metric}{per}")
-    left.set_xlabel("task t")
-    left.set_ylabel(metric)
-    left.set_title("after each task")
+    left.set(xlabel="task t", ylabel=metric, title="after each task")
     left.legend(loc="best", fontsize=8)
     rows = np.asarray(probe_tasks)
     for j, task in enumerate(probe_tasks):
@@ -69,8 +66,7 @@ def transfer_curves_figure(
             (line,) = right.plot(rows[seen], col[seen], marker=".", label=f"task {task}")
             if task in rows[seen]:
                 right.plot([task], [col[list(rows).index(task)]], "o", color=line.get_color())
-    right.set_xlabel("after training task")
-    right.set_title("probe tasks over training (columns of R)")
+    right.set(xlabel="after training task", title="probe tasks over training (columns of R)")
     if len(probe_tasks) <= 12:
         right.legend(loc="best", fontsize=7, ncol=2)
     return fig

@@ -219,9 +219,7 @@ def hessian_effective_rank(eigvals: Tensor, jitter: float = 1e-6, clamp: float |
     λ' = :func:`hessian_spectrum`, p = λ'/Σλ', erank = exp(−Σ p ln p) (docs/metrics.md §4).
 
     Args:
-        eigvals: (P,) Hessian eigenvalues.
-        jitter: added to every eigenvalue (H + jitter·I).
-        clamp: lower bound after the shift, or None for the absolute value.
+        eigvals, jitter, clamp: As in :func:`hessian_spectrum`.
 
     >>> round(hessian_effective_rank(torch.tensor([2.0, 2.0, -1.0])).item(), 4)
     2.0

@@ -122,8 +122,7 @@ def slq_effective_rank(
         nodes: SLQ nodes from :func:`slq_spectral_density`.
         weights: matching weights (summing to 1).
         n: number of parameters P.
-        jitter: as in :func:`cl_lightning.metrics.hessian_effective_rank`.
-        clamp: as in :func:`cl_lightning.metrics.hessian_effective_rank`.
+        jitter, clamp: as in :func:`cl_lightning.metrics.hessian_spectrum`.
 
     >>> round(slq_effective_rank(torch.tensor([0.0, 2.0]), torch.tensor([0.5, 0.5]), 4, jitter=0.0).item(), 4)
     2.0
