@@ -125,9 +125,7 @@ class ContinualLearner(LightningModule, ABC):
 
     def generator_at(self, step: int) -> torch.Generator:
         """The generator :meth:`step_generator` gives at step ``step``, without counting a step."""
-        gen = torch.Generator()
-        gen.manual_seed(self.seed * 1_000_003 + step)
-        return gen
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + step)
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
         """Load this module's tensors, then reread the step counter's host shadow (once per load)."""

@@ -171,10 +171,9 @@ class FusedEngine(AutogradEngine):
 
     def _refuse(self, learner: SteppedLearner, reason: str | None) -> None:
         """Raise the one-line refusal of ``reason`` (none for ``None``)."""
-        if reason is not None:
-            raise ValueError(
-                f"{type(learner).__name__}'s step_kernel {self.name!r} {reason}: use step_kernel: autograd"
-            )
+        if reason is None:
+            return
+        raise ValueError(f"{type(learner).__name__}'s step_kernel {self.name!r} {reason}: use step_kernel: autograd")
 
     def run_refusal(self, learner: SteppedLearner) -> str | None:
         """Why this run cannot take the fused steps (``None`` when it can)."""

@@ -124,11 +124,8 @@ class MAMLReplay(ReplayLearner):
     @property
     def ready_size(self) -> int:
         """A full buffer (the authors' code), or every pseudo-task's support and query slices."""
-        return (
-            self.buffer.capacity
-            if self.start_when_full
-            else self.num_pseudo_tasks * (self.support_size + self.query_size)
-        )
+        slices = self.num_pseudo_tasks * (self.support_size + self.query_size)
+        return self.buffer.capacity if self.start_when_full else slices
 
     def output_layer(self) -> nn.Module:
         """The MLP's output layer."""

@@ -188,10 +188,8 @@ class ParametricAttention(ContinualLearner):
         """Prequential loss on the chunk (online metric), one step on θ, the chunk's final state written back."""
         x, y, _ = batch
         # a copy of the detached state: gradients stop at the chunk start, and the write-back below stays legal
-        if self.protocol == "lifelong":
-            start = as_state(tuple(t.clone() for t in as_tuple(self.live_state())))
-        else:
-            start = self.fresh_state()
+        lifelong = self.protocol == "lifelong"
+        start = as_state(tuple(t.clone() for t in as_tuple(self.live_state()))) if lifelong else self.fresh_state()
         pred, new_state = self.online_predictions(x, y, start)
         loss = self.loss(pred, y)
         self.log_online(pred, y, loss)
@@ -207,9 +205,8 @@ class ParametricAttention(ContinualLearner):
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:
         """Recontext reading: the context written into a fresh state, then read (live reading if no context)."""
         keys = self.encode(query_x).keys
-        if context_x.shape[0] == 0:
-            return self.read(self.live_state(), keys)
-        return self.read(self.recontext_state(context_x, context_y), keys)
+        state = self.live_state() if context_x.shape[0] == 0 else self.recontext_state(context_x, context_y)
+        return self.read(state, keys)
 
     def extra_readings(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> dict[str, Tensor]:
         """The live reading (the live state, no writes), logged under ``*_live_*``."""

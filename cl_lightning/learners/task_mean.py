@@ -52,10 +52,9 @@ class TaskMean(Metric):
 
 def task_mean(means: dict[str, TaskMean], name: str, device: torch.device) -> TaskMean:
     """``means[name]``, made on ``device`` when the task's first value of ``name`` arrives."""
-    metric = means.get(name)
-    if metric is None:
-        metric = means[name] = TaskMean().to(device)
-    return metric
+    if name not in means:
+        means[name] = TaskMean().to(device)
+    return means[name]
 
 
 def add_terms(means: dict[str, TaskMean], terms: Terms, device: torch.device) -> None:
