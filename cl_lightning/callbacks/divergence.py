@@ -16,13 +16,6 @@ class DivergenceError(RuntimeError):
     """Training produced a non-finite loss or weight; the run stopped before evaluating or checkpointing it."""
 
 
-def _loss_of(outputs: Any) -> Tensor | None:
-    """The loss a ``training_step`` returned (a tensor, or ``{"loss": tensor}``), if any."""
-    if isinstance(outputs, dict):
-        outputs = outputs.get("loss")
-    return outputs if isinstance(outputs, Tensor) else None
-
-
 class DivergenceStop(Callback):
     """Raises :class:`DivergenceError` as soon as a training loss, or at a task's end a weight, is NaN or infinite.
 
@@ -55,11 +48,11 @@ class DivergenceStop(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         """Fold this step's loss into the flag; read the flag every ``check_every_n_steps`` steps."""
-        loss = _loss_of(outputs)
-        if loss is not None and loss.device.type == "cpu" and loss.numel() == 1:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs  # training_step's: a tensor, dict or None
+        if isinstance(loss, Tensor) and loss.device.type == "cpu" and loss.numel() == 1:
             if not math.isfinite(loss.item()):  # ~2 us; a tensor isfinite() costs ~10x that on the CPU
                 self._flag = torch.tensor(True)
-        elif loss is not None:  # accelerator: fold into a device flag, no host synchronisation
+        elif isinstance(loss, Tensor):  # accelerator: fold into a device flag, no host synchronisation
             bad = ~torch.isfinite(loss.detach()).all()
             self._flag = bad if self._flag is None else self._flag | bad
         self._step += 1
@@ -93,9 +86,8 @@ class DivergenceStop(Callback):
         where = f"step {step}" if first is None or first >= step else f"steps {first}-{step}"
         lrs = sorted({g["lr"] for opt in trainer.optimizers for g in opt.param_groups if "lr" in g})
         lr = f" (lr {', '.join(f'{v:g}' for v in lrs)})" if lrs else ""
-        ckpt = getattr(trainer.checkpoint_callback, "last_model_path", "") or getattr(
-            trainer.checkpoint_callback, "best_model_path", ""
-        )
+        saver = trainer.checkpoint_callback
+        ckpt = getattr(saver, "last_model_path", "") or getattr(saver, "best_model_path", "")
         kept = f"; the last good checkpoint is {ckpt}" if ckpt else "; no checkpoint was written before it"
         raise DivergenceError(
             f"training diverged in task {task} ({where} of the run): {what}. Likely cause: a learning rate too high "

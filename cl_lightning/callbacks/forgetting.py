@@ -12,13 +12,7 @@ from lightning.pytorch import Callback, Trainer
 
 from cl_lightning.callbacks.probing import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
-from cl_lightning.metrics import (
-    average_accuracy,
-    backward_transfer,
-    forgetting,
-    forward_transfer,
-    intransigence,
-)
+from cl_lightning.metrics import average_accuracy, backward_transfer, forgetting, forward_transfer, intransigence
 from cl_lightning.metrics.figures import accuracy_matrix_figure, transfer_curves_figure
 
 _STATE = ("matrix", "baseline", "forward", "backward")
@@ -140,11 +134,8 @@ class ForgettingMonitor(Callback):
         task, m, logged = dm.evaluated_task(trainer.current_epoch), pl_module.metric_name, trainer.callback_metrics
         if task is None:  # a warm-up task: nothing was evaluated
             return
-        curves = (
-            (self.forward, metric_key(EvalSlot("forward"), m)),
-            (self.backward, metric_key(EvalSlot("backward"), m)),
-        )
-        for curve, name in curves:
+        for curve, role in ((self.forward, "forward"), (self.backward, "backward")):
+            name = metric_key(EvalSlot(role), m)
             if name in logged and task < curve.numel():
                 curve[task] = float(logged[name])
         if task not in self.probe_tasks:
@@ -171,14 +162,10 @@ class ForgettingMonitor(Callback):
         loggers = [lg for lg in trainer.loggers if hasattr(lg.experiment, "add_figure")]
         if not loggers:
             return
-        figures = {
-            f"forgetting/{metric}_matrix": accuracy_matrix_figure(
-                self.matrix.numpy(), self.probe_tasks, self.baseline.numpy(), metric
-            ),
-            "forgetting/curves": transfer_curves_figure(
-                self.forward.numpy(), self.backward.numpy(), self.matrix.numpy(), self.probe_tasks, metric
-            ),
-        }
+        matrix, tasks = self.matrix.numpy(), self.probe_tasks
+        heatmap = accuracy_matrix_figure(matrix, tasks, self.baseline.numpy(), metric)
+        curves = transfer_curves_figure(self.forward.numpy(), self.backward.numpy(), matrix, tasks, metric)
+        figures = {f"forgetting/{metric}_matrix": heatmap, "forgetting/curves": curves}
         for logger in loggers:
             for tag, fig in figures.items():
                 logger.experiment.add_figure(tag, fig, global_step=trainer.global_step, close=False)

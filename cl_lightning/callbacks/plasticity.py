@@ -137,11 +137,8 @@ class PlasticityMonitor(Callback):
         finally:
             for h in handles:
                 h.remove()
-        feats = {}
-        for name, sampler in captured.items():
-            rows = sampler.rows()
-            feats[name] = rows.relu() if self.activation == "relu" else rows
-        return feats
+        feats = {name: sampler.rows() for name, sampler in captured.items()}
+        return {name: rows.relu() for name, rows in feats.items()} if self.activation == "relu" else feats
 
     def measure(self, pl_module: ObservedLearner, episode: list[Tensor]) -> dict[str, Tensor]:
         """All plasticity scalars of one probe pass, by logged name."""
