@@ -172,8 +172,7 @@ class PlasticityMonitor(Callback):
         task = due_task(trainer, self.every_n_tasks)
         if task is None:
             return
-        episode = probe_episode(trainer, pl_module, task, self.probe_size)
-        values = self.measure(pl_module, episode)
+        values = self.measure(pl_module, probe_episode(trainer, pl_module, task, self.probe_size))
         release_free_heap()  # the probe pass's transient blocks would otherwise stay resident all run
         for name, value in values.items():
             pl_module.log(name, value.float(), on_step=False, on_epoch=True, batch_size=1)

@@ -88,9 +88,8 @@ class AssociativeRecall(TaskStream):
             raise ValueError(f"change_fraction must be in (0, 1], got {change_fraction}")
         if rule and revise:
             raise ValueError("rule and revise exclude each other: a revised key's new value would break the rule")
-        self.rule = rule
         self.num_items, self.num_outputs, self.input_shape = num_items, num_classes, (input_dim,)
-        self.noise, self.change_fraction, self.revise = noise, change_fraction, revise
+        self.noise, self.change_fraction, self.revise, self.rule = noise, change_fraction, revise, rule
         self.period = max(1, round(1.0 / change_fraction))  # an item lives this many tasks
         order = torch.randperm(num_items, generator=task_generator(seed, 0, salt=7))
         self.offsets = order % self.period  # slot j is renewed at the tasks s with (s + offset_j) % period == 0

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from cl_lightning.data.mnist import load_mnist, resize_like_pil
-from cl_lightning.data.stream import TaskData, TaskStream, task_generator
+from cl_lightning.data.stream import TaskData, TaskStream, check_at_least, task_generator
 
 TINY_IMAGENET_URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
 TINY_IMAGENET_MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
@@ -61,8 +61,7 @@ class SplitImages(TaskStream):
         super().__init__(num_tasks, train_size, query_size, chunk_size, seed=seed)
         if train_size % 2 or query_size % 2:  # half of each per class
             raise ValueError(f"train_size and query_size must be even, got {train_size}, {query_size}")
-        if num_classes < 2:
-            raise ValueError(f"num_classes must be >= 2, got {num_classes}")
+        check_at_least(2, num_classes=num_classes)
         self.num_classes = num_classes
 
     @abstractmethod

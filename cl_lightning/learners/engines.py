@@ -194,11 +194,10 @@ class FusedEngine(AutogradEngine):
         """Chunks ``start..`` through the learner's fused steps once they apply (``fused_ready``)."""
         if not learner.fused_ready(batch, start):
             return None
-        params = list(learner.parameters())
         flat_type = flat_optimizer_type(run.optimizer)
         if type(self._flat) is not flat_type:
             self._flat = flat_type()
-        adam = self._flat.bind(run.optimizer, params)
+        adam = self._flat.bind(run.optimizer, list(learner.parameters()))
         loss = learner.learn_fused(batch, start, run, adam, self.in_c)
         adam.release()
         return loss

@@ -141,8 +141,7 @@ class ReplayBuffer(nn.Module):
         self, x: Tensor, y: Tensor, task_id: Tensor, generator: torch.Generator | None, host_y: Tensor | None
     ) -> None:
         n = x.shape[0]
-        seen = self._seen
-        ranks = torch.arange(seen, seen + n)  # global index of each incoming example
+        ranks = torch.arange(self._seen, self._seen + n)  # global index of each incoming example
         # Algorithm R: example i fills slot i while there is room, else replaces slot j ~ U{0..i} if j < capacity.
         draws = (torch.rand(n, generator=generator, dtype=torch.float64) * (ranks + 1)).long()
         slots = torch.where(ranks < self.capacity, ranks, draws)

@@ -121,8 +121,6 @@ def pseudo_task_sample(
     region, span = size // num_pseudo_tasks, support_size + query_size
     if region < span:
         raise ValueError(f"{size} stored examples in {num_pseudo_tasks} regions leave fewer than {span} per region")
-    starts = torch.arange(num_pseudo_tasks) * region + torch.randint(
-        0, region - span + 1, (num_pseudo_tasks,), generator=generator
-    )
-    idx = starts[:, None] + torch.arange(span)  # (T, s + q)
+    offsets = torch.randint(0, region - span + 1, (num_pseudo_tasks,), generator=generator)  # the start in each region
+    idx = (torch.arange(num_pseudo_tasks) * region + offsets)[:, None] + torch.arange(span)  # (T, s + q)
     return idx[:, support_size:], idx[:, :support_size]
