@@ -24,21 +24,12 @@ from cl_lightning.study.childproc import package_pythonpath
 from cl_lightning.study.report_tables import markdown_table
 from cl_lightning.study.suite import config_args, load_suite
 
-IGNORED = frozenset(
-    {
-        "seed_everything",
-        "trainer.logger.save_dir",
-        "trainer.logger.name",
-        "trainer.logger.version",
-        "trainer.enable_progress_bar",
-        "trainer.accelerator",  # the hardware; what it computes in (trainer.precision) is compared
-        "trainer.devices",
-        "trainer.max_epochs",  # filled in from data.stream.num_tasks, which is compared
-        "ckpt_path",
-        "weights_only",
-    }
-)
-"""Keys (``init_args`` left out) that say where and how a trial ran, not what it ran."""
+IGNORED = frozenset({"seed_everything", "trainer.logger.save_dir", "trainer.logger.name", "trainer.logger.version",
+                     "trainer.enable_progress_bar", "trainer.accelerator", "trainer.devices", "trainer.max_epochs",
+                     "ckpt_path", "weights_only"})  # fmt: skip
+"""Keys (``init_args`` left out) that say where and how a trial ran, not what it ran: ``trainer.accelerator`` is the
+hardware (what it computes in, ``trainer.precision``, is compared), ``trainer.max_epochs`` is filled in from
+``data.stream.num_tasks`` (which is compared)."""
 
 
 @dataclass(frozen=True)
@@ -137,18 +128,15 @@ def suite_departures(
             out[name] = f"paper config {'unknown' if not files else 'not found: ' + ', '.join(missing)}"
         else:
             known[name] = files
-    resolved = dict(zip(known, resolved_configs([config_args(f) for f in known.values()]), strict=True))
-    for name in known:
+    for name, paper in zip(known, resolved_configs([config_args(f) for f in known.values()]), strict=True):
         trials = [yaml.safe_load(p.read_text()) for p in sorted((suite_dir / name).glob("seed_*/config.yaml"))]
-        out[name] = departures(resolved[name], trials)
+        out[name] = departures(paper, trials)
     return {name: out[name] for name in experiments}
 
 
 def departures_text(found: str | list[Departure]) -> str:
     """One table cell: ``key paper → ours; …``, ``none`` or why it is unknown."""
-    if isinstance(found, str):
-        return found
-    return "; ".join(str(d) for d in found) or "none"
+    return found if isinstance(found, str) else "; ".join(str(d) for d in found) or "none"
 
 
 def write_departures(rows: Sequence[dict[str, Any]], suite_dir: Path, meta: dict[str, Any], out: Path) -> None:

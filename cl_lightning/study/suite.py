@@ -68,10 +68,8 @@ class Trial:
         args += ["--seed_everything", s, "--data.stream.init_args.seed", s, "--model.init_args.seed", s]
         logger = {"save_dir": Path(root) / self.suite, "name": self.name, "version": f"seed_{self.seed}"}
         args += [a for key, value in logger.items() for a in (f"--trainer.logger.init_args.{key}", str(value))]
-        args += list(self.args)
-        if ckpt_path is not None:
-            args += ["--ckpt_path", str(ckpt_path)]
-        return args
+        resume = [] if ckpt_path is None else ["--ckpt_path", str(ckpt_path)]
+        return [*args, *self.args, *resume]
 
 
 @dataclass
@@ -144,8 +142,7 @@ MAX_SEED = 2**32 - 1  # Lightning's seed_everything (numpy's range)
 
 def check_seeds(seeds: list[int], where: str) -> None:
     """Refuse a seed Lightning's ``seed_everything`` would refuse in every trial (outside 0..2**32 - 1)."""
-    bad = [s for s in seeds if not 0 <= s <= MAX_SEED]
-    if bad:
+    if bad := [s for s in seeds if not 0 <= s <= MAX_SEED]:
         raise UsageError(f"{where}: seed {bad[0]} is out of range: seeds are 0..{MAX_SEED}")
 
 
@@ -175,11 +172,10 @@ def load_suite(path: str | Path) -> Suite:
     common = _str_list(spec.get("args"), where("args"), "args")
     suite = Suite(name=name, trials=[], benchmark=spec.get("benchmark"))
     for exp, entry in experiments.items():
-        at = where("experiments", str(exp))
-        if not isinstance(entry, dict):
-            raise UsageError(f"{at}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
-        _unknown(entry, EXPERIMENT_KEYS, where, "experiments", str(exp))
-        if not entry.get("configs"):
+        if isinstance(entry, dict):
+            _unknown(entry, EXPERIMENT_KEYS, where, "experiments", str(exp))
+        if not isinstance(entry, dict) or not entry.get("configs"):
+            at = where("experiments", str(exp))
             raise UsageError(f"{at}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
         at = where("experiments", str(exp), "configs")
         configs = tuple(_resolve(c, at, path) for c in _str_list(entry["configs"], at, f"{exp}.configs"))
@@ -194,9 +190,8 @@ def load_suite(path: str | Path) -> Suite:
         if "budget" in entry:
             budget = entry["budget"]
             if type(budget) is not int or budget < 1:
-                raise UsageError(
-                    f"{where('experiments', str(exp), 'budget')}: `budget` must be bytes (> 0), got {budget!r}"
-                )
+                at = where("experiments", str(exp), "budget")
+                raise UsageError(f"{at}: `budget` must be bytes (> 0), got {budget!r}")
             suite.budgets[str(exp)] = budget
         suite.trials += [Trial(name, str(exp), seed, configs, args) for seed in seeds]
     return suite
