@@ -48,12 +48,11 @@ def unreadable_events(log_dir: str | Path) -> list[str]:
         return ["no event file"]
     bad = []
     for path in paths:
-        damage = _record_damage(path)
         if path.stat().st_size == 0:
             bad.append(f"{path.name} (empty)")
         elif next(iter(EventFileLoader(str(path)).Load()), None) is None:  # every valid file opens with a version
             bad.append(f"{path.name} (no readable event: corrupt or not an event file)")
-        elif damage:
+        elif damage := _record_damage(path):
             bad.append(f"{path.name} ({damage}; the values after it are missing)")
     return bad
 
@@ -113,8 +112,7 @@ def _trial_dirs(suite_dir: Path, order: Sequence[str]) -> dict[str, list[tuple[i
 
 
 def load_suite_runs(suite_dir: str | Path) -> tuple[list[Experiment], dict[str, Any]]:
-    """Every trial with events under ``suite_dir``, grouped by experiment (suite order when ``suite.yaml`` is
-    there, else alphabetical) and seed."""
+    """Every trial with events in ``suite_dir``, by experiment (``suite.yaml``'s order, else alphabetical) and seed."""
     suite_dir = Path(suite_dir)
     meta_path = suite_dir / "suite.yaml"
     meta = yaml.safe_load(meta_path.read_text()) if meta_path.exists() else {}
@@ -184,8 +182,7 @@ def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> flo
 
 
 def paper_text(entry: dict[str, Any] | None) -> str:
-    """The paper's value at the end of its run, ``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty when the paper
-    has none."""
+    """The paper's value at the end of its run, ``0.865 (Fig. 1a, p. 8)`` or ``0.78–0.80 (…)``; empty if it has none."""
     if not entry or "end" not in entry:
         return ""
     v = entry["end"]
@@ -208,16 +205,11 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         final = max(exp.window, min(exp.num_evaluated_tasks, 5))
         row: dict[str, Any] = {"experiment": exp.name, "label": exp.label, "seeds": len(exp.seeds)}
         done = ~np.isnan(exp.rows("epoch")[:, -1])  # seeds whose events reach the last task
-        unfinished = int((~done).sum())
-        row |= {"unfinished": unfinished, "tasks": exp.num_evaluated_tasks, "final_window": final}
+        row |= {"unfinished": int((~done).sum()), "tasks": exp.num_evaluated_tasks, "final_window": final}
         scores = {"forward": exp.score("forward"), "backward": exp.score("backward"), "online": exp.rows(online_key(m))}
-        for what, values in scores.items():
+        for key, values in scores.items():
             mean, std, n = final_window(values, final)
-            row |= {
-                f"{what}_mean": mean,
-                f"{what}_std": spread_of(std, n),
-                f"{what}_paper": paper_text(entry.get(what)),
-            }
+            row |= {f"{key}_mean": mean, f"{key}_std": spread_of(std, n), f"{key}_paper": paper_text(entry.get(key))}
         for what in ("avg", "bwt", "fwt", "forgetting"):
             mean, std, n = last_value(exp.rows(f"forgetting/{what}")[done])  # R of finished runs only
             row |= {f"{what}_mean": mean, f"{what}_std": spread_of(std, n)}
@@ -236,9 +228,8 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m cl_lightning report``."""
-    # matplotlib only when drawing: the sweep imports this module to read trial states
     from cl_lightning.study.departures import write_departures
-    from cl_lightning.study.report_figures import write_figures
+    from cl_lightning.study.report_figures import write_figures  # matplotlib only when drawing, not in the sweep
 
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
     p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
@@ -258,8 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
     damaged: dict[str, list[str]] = {}
     for trial in sorted(suite_dir.glob("*/seed_*")):
-        bad = unreadable_events(trial)
-        if bad:
+        if bad := unreadable_events(trial):
             print(f"could not read {trial} (its values are missing below): {', '.join(bad)}", flush=True)
             damaged.setdefault(trial.parent.name, []).append(trial.name)
     out = Path(opts.out) if opts.out else suite_dir / "report"

@@ -47,8 +47,8 @@ COLUMNS = ("learner", "seeds", "tasks", "forward", "paper", "backward", "paper",
 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], numbers_from: int | None = None) -> list[str]:
-    """A Markdown table's lines, every table of the report's: the head, its rule (the columns from ``numbers_from``
-    on right-aligned: numbers), a line per row."""
+    """A Markdown table's lines (every table of the report's): the head, its rule (numbers, right-aligned, from column
+    ``numbers_from`` on), a line per row."""
     rule = "".join("---:|" if numbers_from is not None and i >= numbers_from else "---|" for i in range(len(head)))
     return ["| " + " | ".join(head) + " |", "|" + rule, *("| " + " | ".join(row) + " |" for row in rows)]
 
@@ -66,9 +66,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
         cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
         cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
-        cells += ["—" if math.isnan(r["seconds_per_task"]) else f"{r['seconds_per_task']:.2f}"]
-        cells += [r["seconds_per_task_paper"], "—" if math.isnan(r["peak_rss_gib"]) else f"{r['peak_rss_gib']:.2f}"]
-        table.append([*cells, r.get("departures", "not compared")])
+        cells += [_pm(r["seconds_per_task"], math.nan, 2), r["seconds_per_task_paper"]]  # s/task, GiB: no std
+        table.append([*cells, _pm(r["peak_rss_gib"], math.nan, 2), r.get("departures", "not compared")])
     metric = rows[0]["metric"]
     notes = (
         f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
@@ -92,13 +91,13 @@ SHOWN_EVERY = 5
 """The window table shows every ``SHOWN_EVERY``-th window (and the first and the last) once more than
 ``2 * SHOWN_EVERY`` windows were reached; ``windows.csv`` holds all of them."""
 
+WindowStats = dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], Any, int]]]
 
-def window_stats(
-    experiments: Sequence[Experiment], paper: dict[str, PaperWindows]
-) -> dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], Any, int]]]:
+
+def window_stats(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> WindowStats:
     """``{(label, score): {window: ((mean, std, n), paper value, seeds)}}`` for every window the paper was read at
     and some seed's run reached (its last task)."""
-    out: dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], Any, int]]] = {}
+    out: WindowStats = {}
     for exp in experiments:
         windows = paper.get(exp.name)
         for role in ("forward", "backward") if windows is not None else ():
@@ -110,8 +109,7 @@ def window_stats(
 
 
 def shown_windows(windows: Sequence[int]) -> list[int]:
-    """The windows the Markdown table shows: all up to ``2 * SHOWN_EVERY``, else every ``SHOWN_EVERY``-th one and
-    the first and the last."""
+    """The windows the Markdown table shows (:data:`SHOWN_EVERY`)."""
     ws = sorted(windows)
     if len(ws) <= 2 * SHOWN_EVERY:
         return ws
@@ -120,8 +118,7 @@ def shown_windows(windows: Sequence[int]) -> list[int]:
 
 def window_table(experiments: Sequence[Experiment], paper: dict[str, PaperWindows], out: Path | None = None) -> str:
     """Markdown: per experiment with paper windows, ours (:func:`window_stats`) beside the paper's reading at the
-    windows :func:`shown_windows` picks; empty when no run reached one. With ``out``, every window goes to
-    ``windows.csv`` there."""
+    windows :func:`shown_windows` picks; empty when no run reached one. With ``out``, all go to ``out/windows.csv``."""
     stats = window_stats(experiments, paper)
     if not stats:
         return ""

@@ -105,8 +105,7 @@ def seed_band(rows: np.ndarray, window: int) -> tuple[np.ndarray, np.ndarray, np
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN tasks stay NaN
         mean, std = np.nanmean(rows, axis=0), np.nanstd(rows, axis=0)
-    centres, m = window_means(mean, window)
-    return centres, m, window_means(std, window)[1]
+    return (*window_means(mean, window), window_means(std, window)[1])
 
 
 def _over_seeds(values: np.ndarray) -> tuple[float, float, int]:
@@ -182,5 +181,4 @@ def minmax_per_seed(rows: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         lo, hi = np.nanmin(rows, axis=1, keepdims=True), np.nanmax(rows, axis=1, keepdims=True)
-    span = np.where(hi > lo, hi - lo, np.nan)
-    return (rows - lo) / span
+    return (rows - lo) / np.where(hi > lo, hi - lo, np.nan)  # a constant series: NaN
