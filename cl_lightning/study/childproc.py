@@ -23,8 +23,7 @@ _state: dict[str, int | None] = {"signum": None, "child": None}  # the signal re
 
 
 def package_pythonpath() -> str:
-    """``PYTHONPATH`` with this package's root first: a child process or a Ray worker imports this package, installed
-    or not."""
+    """``PYTHONPATH`` with this package's root first: a child or a Ray worker imports this package, installed or not."""
     return os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
 
 

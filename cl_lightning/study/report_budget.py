@@ -163,8 +163,7 @@ def budget_markdown(study: dict[str, Any]) -> str:
         return "\n".join([*lines, ""])
     cross = ", ".join(f"lag {lag}: {'none' if b is None else f'{b:,} B'}" for lag, b in study["crossover"].items())
     stream = ", ".join(sorted(set(study["streams"].values())))
-    buffers = ", ".join(study["buffers"])
-    return "\n".join([*lines, "", f"Crossover ({stream}; buffer learners: {buffers}): {cross}", ""])
+    return "\n".join([*lines, "", f"Crossover ({stream}; buffer learners: {', '.join(study['buffers'])}): {cross}", ""])
 
 
 def budget_figure(study: dict[str, Any], path: Path) -> None:

@@ -31,7 +31,6 @@ CURVES: dict[str, list[Panel]] = {
     ],
     "online.png": [(online_key, "online (prequential)")],
 }
-"""The curve figures: file name and panels."""
 
 
 def _band(
@@ -52,8 +51,7 @@ def _curve(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, colour: str
     _band(ax, x, mean, std, colour, f"{exp.label} ({seeds}{per})", "." if x.size < 40 else None)
 
 
-MSE_FLOOR = 1e-3
-"""Bottom of a log-scale MSE axis: smaller values (a learner answering exactly) are drawn on the floor."""
+MSE_FLOOR = 1e-3  # bottom of a log-scale MSE axis
 
 
 def _colours(experiments: Sequence[Experiment]) -> dict[str, str]:
@@ -167,8 +165,7 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
             at, mean, std = seed_band(values, 1)  # `at`: indices into the measured tasks
             if not at.size:  # normalised: fewer than two measurements in every seed
                 continue
-            x = tasks[at.astype(int)]
-            _band(ax, x, mean, std, colours[exp.name], exp.label, ".")
+            _band(ax, tasks[at.astype(int)], mean, std, colours[exp.name], exp.label, ".")
         if exp.name in (paper or {}):
             _paper_windows(norm, exp, paper[exp.name], "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
     if not any(line.get_label() in {e.label for e in measured} for line in norm.lines):
@@ -202,10 +199,7 @@ def matrix_figure(exp: Experiment) -> Figure | None:
 
 
 def write_figures(
-    experiments: Sequence[Experiment],
-    out: Path,
-    paper: dict[str, PaperWindows] | None = None,
-    chance: float | None = None,
+    experiments: Sequence[Experiment], out: Path, paper: dict[str, PaperWindows], chance: float | None
 ) -> list[str]:
     """Draw every figure into ``out`` (the paper's windows and the chance line on the curves); the names written."""
     figures: dict[str, Figure | None] = {

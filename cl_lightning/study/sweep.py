@@ -57,12 +57,8 @@ def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: in
     import ray  # optional dependency
 
     catching = childproc.catching()
-    ray.init(
-        address=address,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": childproc.package_pythonpath()}},
-    )
+    env = {"env_vars": {"PYTHONPATH": childproc.package_pythonpath()}}  # the workers import this package
+    ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
     if catching:
         childproc.catch_signals()  # ray.init replaced the SIGTERM handler of passing_signals
     try:
@@ -117,8 +113,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run(trials: Sequence[Trial], opts: argparse.Namespace) -> list[dict[str, Any]]:
-    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another; a SIGTERM or SIGINT
-    meanwhile reaches the running fits and starts no further trial."""
+    """Run the trials on Ray when it is installed (unless ``--no-ray``), else one after another, passing signals on."""
     with passing_signals():
         if _ray_available() and not opts.no_ray:
             gpus = opts.gpus_per_trial

@@ -64,8 +64,7 @@ def resume_point(log_dir: Path) -> Path | None:
 
 
 def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | None = None) -> dict[str, Any]:
-    """Run (or resume, or skip) one trial in a child process, its output in ``fit.log``; record it in ``trial.json``;
-    return the record.
+    """Run (or resume, or skip) one trial in a child process (output: ``fit.log``); return its record (``trial.json``).
 
     Args:
         trial: The trial.
