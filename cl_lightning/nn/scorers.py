@@ -36,7 +36,7 @@ def tuned_block_pairs(hidden: int, num_layers: int, device: torch.device, dtype:
     gen = torch.Generator(device="cpu").manual_seed(0)
     weights = [(torch.randn(hidden, hidden, generator=gen) / hidden**0.5).to(device, dtype) for _ in range(num_layers)]
     bias = torch.zeros(hidden, device=device, dtype=dtype)
-    best, best_rate = candidates[0], 0.0
+    best, best_per_pair = candidates[0], float("inf")
     clock = time.perf_counter if device.type == "cuda" else time.process_time
     work = candidates[-1] // 2  # pairs timed per candidate and repeat (the largest candidate runs once)
     for n in candidates:
@@ -55,8 +55,8 @@ def tuned_block_pairs(hidden: int, num_layers: int, device: torch.device, dtype:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             per_pair = min(per_pair, (clock() - start) / (reps * n))
-        if 1.0 / per_pair > best_rate:
-            best, best_rate = n, 1.0 / per_pair
+        if per_pair < best_per_pair:  # no division: a clock that reads 0 cannot raise
+            best, best_per_pair = n, per_pair
     _BLOCK_CACHE[key] = best
     return best
 
