@@ -100,7 +100,9 @@ class PairScorer(nn.Module):
         """Layers after the first pre-activation: ``(..., H) -> (...)`` (ReLU in place on ``h``, then the hidden layers
         and the output layer as modules, so forward hooks fire)."""
         shape = h.shape[:-1]
-        h = h.reshape(-1, h.shape[-1]).relu_()  # (N, H); in place: the pre-activation is not needed again
+        # out of place: ``h`` is a view of the broadcast sum, and an in-place ReLU on a view makes autograd copy the
+        # whole sum's gradient twice (CopySlices) in the backward pass; the same values either way
+        h = h.reshape(-1, h.shape[-1]).relu()  # (N, H)
         for layer in self.hidden:  # modules called (not their weights) so forward hooks of monitors fire
             h = layer(h).relu_()
         return self.out(h).view(shape)
