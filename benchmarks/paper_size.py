@@ -140,8 +140,9 @@ class PhaseTimer(Callback):
 
         setattr(owner, name, timed)
 
-    def install(self, trainer: Trainer, model: LightningModule, stream: Any) -> None:
-        """Wrap the learner's steps, every callback's overridden hooks, and hook the scorer for flop counts."""
+    def install(self, trainer: Trainer, model: LightningModule, stream: Any, scorer_flops: bool = True) -> None:
+        """Wrap the learner's steps, every callback's overridden hooks, and (``scorer_flops``) hook the scorer for
+        flop counts (a forward hook: the fused step engine refuses a hooked learner)."""
         self.wrap(model, "training_step", "training", trainer)
         self.wrap(
             model, "validation_step", lambda args: "episodes_probe" if _is_probe(args[0]) else "episodes", trainer
@@ -192,7 +193,7 @@ class PhaseTimer(Callback):
 
             scorers.tuned_block_pairs = timed_tune
         scorer = getattr(model, "scorer", None)
-        if isinstance(scorer, torch.nn.Module):
+        if scorer_flops and isinstance(scorer, torch.nn.Module):
             scorer.register_forward_hook(self._count_flops(scorer, trainer), with_kwargs=False)
 
     def _count_flops(self, scorer: torch.nn.Module, trainer: Trainer) -> Callable:

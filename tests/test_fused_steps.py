@@ -58,6 +58,10 @@ def _optimizer_state(cli: Any) -> dict[str, Tensor]:
 CBP_CORRECTED = ["--model.init_args.optimizer.init_args.update_rule=corrected"]  # standard Adam per element
 IMAGES = ["--data.stream.init_args.train_size=2400"]  # Permuted MNIST: six chunks of 400 images a task
 FAST_CBP = ["--model.init_args.maturity_threshold=2", "--model.init_args.replacement_rate=0.01"]
+QOA_SMALL = [  # a buffer full after three chunks, 40 online queries a chunk (the window sampler's are not the step's)
+    "--model.init_args.memory_size=1200", "--model.init_args.support_size=200", "--data.context_size=200",
+    "--model.init_args.online_queries=40",
+]  # fmt: skip
 FITS = {  # id -> (config, extra arguments); CBP's generate-and-test replaces units from about step 250 on
     "bp_scr": ("bp_scr", []),
     "qoa_scr": ("qoa_scr", []),
@@ -65,6 +69,8 @@ FITS = {  # id -> (config, extra arguments); CBP's generate-and-test replaces un
     "cbp_scr-reference": ("cbp_scr", []),  # the config's rule: AdamGnT's snapshot, as the authors' code
     "bp_pmnist": ("bp_pmnist", IMAGES),  # classification: cross-entropy on 400-image chunks
     "cbp_pmnist": ("cbp_pmnist", [*IMAGES, *FAST_CBP]),  # replacing units from the third step on
+    "qoa_pmnist": ("qoa_pmnist", [*IMAGES, *QOA_SMALL]),  # classification: one query over a window of 200 a step
+    "qoa_pmnist-queries": ("qoa_pmnist", [*IMAGES, *QOA_SMALL, "--model.init_args.queries_per_step=10"]),
 }
 
 

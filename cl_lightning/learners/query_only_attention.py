@@ -14,6 +14,7 @@ supports, one query per 400-example chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -53,8 +54,10 @@ class QueryOnlyAttention(ReplayLearner):
         compile: Run the training step's forward and loss (and so its backward) through ``torch.compile``;
             evaluation stays eager. Off by default: a short CPU run pays more to compile than it saves.
         compile_mode: ``torch.compile``'s mode (``"reduce-overhead"`` adds CUDA graphs on CUDA).
-        step_kernel: The step engine, as :class:`~cl_lightning.learners.Backprop`'s; ``"fused"`` and ``"native"``
-            here: label-free regression, one point a chunk, the sliding sampler (hand-written scorer gradients).
+        step_kernel: The step engine, as :class:`~cl_lightning.learners.Backprop`'s (hand-written scorer gradients,
+            autograd's numbers bit for bit): ``"fused"`` on classification with ``queries_per_step × support_size``
+            up to ``PairScorer.pair_budget`` (the CPU Figure 1 suite sets it), ``"fused"`` and ``"native"`` on
+            label-free regression, one point a chunk, the sliding sampler.
         **kwargs: :class:`~cl_lightning.learners.replay.ReplayLearner`'s: ``buffer_mode`` (paper: ``"fifo"``), the
             linked shapes, ``optimizer`` (paper: Adam, lr 1e-4) and ``seed`` (of support sampling).
     """
@@ -118,6 +121,17 @@ class QueryOnlyAttention(ReplayLearner):
 
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None:
         """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
+        return self._learn(batch, run, self.query_forward, run.step)
+
+    def _learn(
+        self,
+        batch: StreamBatch,
+        run: StepRun,
+        forward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+        update: Callable[[Tensor], None],
+    ) -> Tensor | None:
+        """:meth:`learn_chunk` with its step as ``forward(qx, qy, sx, sy) -> (loss, predictions)`` and
+        ``update(loss)``: autograd's (:meth:`query_forward`, ``run.step``) or the fused step's."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
@@ -128,19 +142,25 @@ class QueryOnlyAttention(ReplayLearner):
         if not self.ready():
             return None
         (qx, qy), (sx, sy) = draw_support(self.buffer, self.sampler, self.support_size, self.queries_per_step, gen)
-        loss, pred = self.query_forward(qx, qy, sx, sy)
+        loss, pred = forward(qx, qy, sx, sy)
         if shared:  # the same supports, weights and query: the online prediction is this one
             run.log_online(pred.detach(), y)
-        run.step(loss)
+        update(loss)
         run.log_task_mean("train/loss", loss, qx.shape[0])
         return loss.detach()
 
     def fused_refusal(self, chunk_size: int | None = None) -> str | None:
-        """The fused steps: label-free queries on flat inputs, eager, each step's query the incoming point."""
-        if self.task_type != "regression":
-            return "fits regression only"
-        if self.use_labels or self.compile or not isinstance(self.encoder, nn.Flatten):
-            return "needs use_labels: false, compile: false and encoder: flatten"
+        """The fused steps: flat inputs, eager; classification one query a step, regression label-free queries, each
+        step's query the incoming point."""
+        if self.compile or not isinstance(self.encoder, nn.Flatten):
+            return "needs compile: false and encoder: flatten"
+        if self.task_type == "classification":
+            pairs = self.queries_per_step * self.support_size
+            if pairs > PairScorer.pair_budget:
+                return f"takes at most {PairScorer.pair_budget} pairs a step (queries_per_step × support_size: {pairs})"
+            return None
+        if self.use_labels:
+            return "needs use_labels: false on regression"
         if self.online_queries < 1 or not query_is_incoming(
             self.sampler, self.buffer, self.queries_per_step, chunk_size or 1
         ):
@@ -151,12 +171,26 @@ class QueryOnlyAttention(ReplayLearner):
         return None
 
     def fused_ready(self, batch: StreamSteps, start: int) -> bool:
-        """Once chunk ``start`` is its step's query over the ``support_size`` points before it."""
+        """Classification: once the buffer is ready (every chunk from ``start`` then takes a step). Regression: once
+        chunk ``start`` is its step's query over the ``support_size`` points before it."""
+        if self.task_type == "classification":
+            return self.ready()
         return self._online_is_the_query(batch.x[start].flatten(1))
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..``, point ``t`` the query of step ``t`` over the ``S`` points before it, through
-        :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` or its C form."""
+        """Chunks ``start..``. Classification: :meth:`learn_chunk` with its step by
+        :class:`~cl_lightning.nn.fused_steps.AttentionCEStep`. Regression: point ``t`` the query of step ``t`` over
+        the ``S`` points before it, through :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` or its C form."""
+        if self.task_type == "classification":
+            ce_step = fused_steps.AttentionCEStep(self.scorer, self.num_outputs, adam)
+
+            def update(loss: Tensor) -> None:
+                ce_step.update()
+                run.counted += 1  # an optimiser step outside Lightning's wrapper
+
+            chunks = (StreamBatch(batch.x[i], batch.y[i], batch.task_id[i]) for i in range(start, batch.x.shape[0]))
+            losses = [self._learn(chunk, run, ce_step.gradients, update) for chunk in chunks]  # the buffer was ready
+            return torch.stack([loss for loss in losses if loss is not None]).sum()
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
         sx, sy = self.memory_support()
         window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])

@@ -4,7 +4,8 @@ On a one-point step autograd's graph and a per-parameter Adam cost several times
 are written by hand into views of one flat gradient and one Adam updates every parameter at once
 (:mod:`cl_lightning.nn.optim.flat_adam`: the modules, checkpoints and monitors see the same ``Parameter`` objects
 and optimiser state): :func:`mlp_steps` for an :class:`~cl_lightning.nn.MLP`, :func:`attention_mse_steps` for
-query-only attention's label-free :class:`~cl_lightning.nn.PairScorer`.
+query-only attention's label-free :class:`~cl_lightning.nn.PairScorer` and :class:`AttentionCEStep` for its
+classification step.
 
 The numbers are autograd's bit for bit (``tests/test_fused_steps.py``): each product is autograd's, in its operand
 layout. That matters: some of QOA's weights have an exact gradient of 0 and a computed one of rounding noise, which
@@ -23,7 +24,7 @@ from torch import Tensor, nn
 
 from cl_lightning.nn.optim import FlatOptimizer
 
-__all__ = ["attention_mse_steps", "has_forward_hooks", "mlp_steps"]
+__all__ = ["AttentionCEStep", "attention_mse_steps", "has_forward_hooks", "mlp_steps"]
 
 
 def has_forward_hooks(modules: Iterable[nn.Module]) -> bool:
@@ -68,13 +69,18 @@ def _backward(plan: Plan, hs: list[Tensor], g: Tensor, to_input: bool) -> Tensor
     return g
 
 
-def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
-    """``∂ CE(logits, y) / ∂ logits`` (mean over the batch) by autograd's own kernels: ``log_softmax``, then the
-    backward of ``nll_loss`` and of ``log_softmax``, as ``F.cross_entropy(logits, y).backward()`` runs them."""
+def _cross_entropy(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """``CE(logits, y)`` (mean over the batch) and its gradient ``∂ CE / ∂ logits`` by autograd's own kernels:
+    ``log_softmax`` and ``nll_loss``, then their backward, as ``F.cross_entropy(logits, y).backward()`` runs them."""
     logp = torch.log_softmax(logits, 1)
-    _, total = torch.ops.aten.nll_loss_forward(logp, y, None, 1, -100)  # reduction 1: mean; -100: ignore none
+    loss, total = torch.ops.aten.nll_loss_forward(logp, y, None, 1, -100)  # reduction 1: mean; -100: ignore none
     g = torch.ops.aten.nll_loss_backward(logits.new_ones(()), logp, y, None, 1, -100, total)
-    return torch.ops.aten._log_softmax_backward_data(g, logp, 1, logits.dtype)
+    return loss, torch.ops.aten._log_softmax_backward_data(g, logp, 1, logits.dtype)
+
+
+def _cross_entropy_grad(logits: Tensor, y: Tensor) -> Tensor:
+    """``∂ CE(logits, y) / ∂ logits`` (:func:`_cross_entropy`'s gradient)."""
+    return _cross_entropy(logits, y)[1]
 
 
 @torch.no_grad()
@@ -151,3 +157,58 @@ def attention_mse_steps(
         torch.outer(g_b0, qx[0], out=g_wq)
         adam.update(count)
     return torch.stack(preds)
+
+
+class AttentionCEStep:
+    """One classification step of query-only attention on a :class:`~cl_lightning.nn.PairScorer` over
+    ``num_classes`` classes: queries ``qx (Q, D)``, labels ``qy (Q,)``, over supports ``sx (S, D)``, labels
+    ``sy (S,)``; logits ``z_c = Σ_j Q(x_t, x_j, y_j) · 1[y_j = c]``, loss ``CE(z, qy)`` (mean over the queries), one
+    update of ``adam`` (bound to the scorer's parameters). Built once per batch of steps; per step
+    :meth:`gradients` ``-> (loss, logits (Q, C))``, then :meth:`update`; ``Q · S`` at most
+    :attr:`PairScorer.pair_budget` (the scorer's gradient path then takes every pair at once).
+
+    The forward is :meth:`PairScorer.forward`'s gradient path, op for op (the factorised first layer: ``W_s x_j``,
+    plus column ``y_j`` of ``W_y``, plus ``W_q x_t + b``, broadcast to the pairs); the gradients are autograd's
+    formulas in its operand layouts: the pairs' gradient ``g`` summed over the queries for the supports' part and
+    over the supports for the queries' part, ``∂W_s = (x_Sᵀ g_S)ᵀ``, ``∂W_y`` by ``index_put`` with accumulation over
+    the supports, ``∂W_q = (x_Qᵀ g_Q)ᵀ``, ``∂b = Σ_Q g_Q``.
+    """
+
+    def __init__(self, scorer: nn.Module, num_classes: int, adam: FlatOptimizer) -> None:
+        first, self.num_labels = scorer.first, scorer.num_labels
+        self.plan = _layer_grads([first, *scorer.hidden, scorer.out], adam)
+        self.adam, d = adam, scorer.x_dim
+        (_, self.b0, g_w0, self.g_b0), w0 = self.plan[0], first.weight
+        self.ws_t, self.wq_t, self.wy_t = w0[:, :d].T, w0[:, d : 2 * d].T, w0[:, 2 * d :].T  # (D, H), (D, H), (C, H)
+        self.g_ws, self.g_wq, self.g_wy = g_w0[:, :d], g_w0[:, d : 2 * d], g_w0[:, 2 * d :]
+        self.classes = torch.arange(num_classes, device=w0.device)
+
+    @torch.no_grad()
+    def gradients(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
+        """The step's loss and logits, its gradients written into ``adam``'s flat gradient."""
+        n_q, n_s, width = qx.shape[0], sx.shape[0], self.ws_t.shape[1]
+        a = torch.mm(sx, self.ws_t)  # (S, H)
+        if self.num_labels:
+            a = a + self.wy_t[sy]  # column y_j of W_y
+        b = torch.addmm(self.b0, qx, self.wq_t)  # (Q, H)
+        h = (b[:, None, :] + a[None]).view(n_q * n_s, width).relu()  # (Q·S, H): the first layer over every pair
+        scores, hs = _forward(self.plan[1:], h)  # (Q·S, 1)
+        onehot = (sy[:, None] == self.classes).to(sx.dtype)  # (S, C)
+        logits = scores.view(n_q, n_s).mm(onehot)  # (Q, C)
+        loss, g = _cross_entropy(logits, qy)
+        g = _backward(self.plan[1:], hs, g.mm(onehot.t()).view(n_q * n_s, 1), to_input=True)  # ∂loss/∂pre-activation
+        g = g.view(n_q, n_s, width)
+        g_q = g.sum_to_size(n_q, 1, width).view(n_q, width)  # autograd's reductions of the broadcast sum
+        g_s = g.sum_to_size(1, n_s, width).view(n_s, width)
+        torch.sum(g_q, 0, out=self.g_b0)
+        self.g_wq.copy_(torch.mm(qx.t(), g_q).t())
+        self.g_ws.copy_(torch.mm(sx.t(), g_s).t())
+        if self.num_labels:
+            zeros = g_s.new_zeros(self.wy_t.shape)
+            self.g_wy.copy_(torch.ops.aten._index_put_impl_(zeros, [sy], g_s, True, True).t())
+        return loss, logits
+
+    def update(self) -> None:
+        """One update of ``adam`` from the gradients of the last :meth:`gradients`."""
+        (count,) = self.adam.counts(1)
+        self.adam.update(count)
