@@ -228,8 +228,15 @@ PMNIST = ["--data.stream.init_args.train_size=400"]  # one chunk of 400 a task
             ["--model.init_args.sampler=uniform"],
             "QueryOnlyAttention's step_kernel 'fused' needs each step's query to be the incoming point",
         ),
+        (
+            "qoa_pmnist",
+            "fused",
+            [*PMNIST, "--model.init_args.queries_per_step=100"],
+            "QueryOnlyAttention's step_kernel 'fused' takes at most 65536 pairs a step "
+            "(queries_per_step × support_size: 100000)",
+        ),
     ],
-    ids=["classification", "ewc", "qoa-uniform-sampler"],
+    ids=["classification", "ewc", "qoa-uniform-sampler", "qoa-too-many-pairs"],
 )
 def test_an_engine_the_learner_lacks_is_refused_at_construction(
     config: str, kernel: str, extra: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture
