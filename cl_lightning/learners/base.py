@@ -179,7 +179,8 @@ class ContinualLearner(LightningModule, ABC):
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
         """Learn chunks ``start..`` through fused steps on ``adam`` (in C with ``in_c``) with :meth:`learn_chunk`'s
-        numbers, booked with ``run.add_fused``; the summed loss. What the fused and native engines run."""
+        numbers, booked in ``run`` as :meth:`learn_chunk` books them (``run.add_fused`` for a run of steps at once, and
+        ``run.counted`` for the optimiser steps); the summed loss. What the fused and native engines run."""
         raise NotImplementedError(f"{type(self).__name__} has no fused steps")
 
     def fused_ready(self, batch: StreamSteps, start: int) -> bool:
