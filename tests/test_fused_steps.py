@@ -232,8 +232,7 @@ PMNIST = ["--data.stream.init_args.train_size=400"]  # one chunk of 400 a task
             "qoa_pmnist",
             "fused",
             [*PMNIST, "--model.init_args.queries_per_step=100"],
-            "QueryOnlyAttention's step_kernel 'fused' takes at most 65536 pairs a step "
-            "(queries_per_step × support_size: 100000)",
+            "QueryOnlyAttention's step_kernel 'fused' takes at most 65536 pairs a step (queries × supports: 100000)",
         ),
     ],
     ids=["classification", "ewc", "qoa-uniform-sampler", "qoa-too-many-pairs"],

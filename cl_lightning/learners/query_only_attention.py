@@ -31,6 +31,9 @@ from cl_lightning.nn.distributed import answer_across_ranks
 from cl_lightning.nn.optim import FlatOptimizer, prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
+Forward = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (qx, qy, sx, sy) -> (loss, predictions)
+Update = Callable[[Tensor], object]  # (loss) -> None: the optimiser step
+
 
 class QueryOnlyAttention(ReplayLearner):
     """Query-only attention over a replay buffer.
@@ -123,15 +126,8 @@ class QueryOnlyAttention(ReplayLearner):
         """Predict a few incoming examples (online metric), store the chunk, take one step on sampled queries."""
         return self._learn(batch, run, self.query_forward, run.step)
 
-    def _learn(
-        self,
-        batch: StreamBatch,
-        run: StepRun,
-        forward: Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
-        update: Callable[[Tensor], None],
-    ) -> Tensor | None:
-        """:meth:`learn_chunk` with its step as ``forward(qx, qy, sx, sy) -> (loss, predictions)`` and
-        ``update(loss)``: autograd's (:meth:`query_forward`, ``run.step``) or the fused step's."""
+    def _learn(self, batch: StreamBatch, run: StepRun, forward: Forward, update: Update) -> Tensor | None:
+        """:meth:`learn_chunk` with its step as ``forward`` and ``update``: autograd's or the fused step's."""
         x, y, task_id = batch
         x = x.flatten(1)  # stored flat; the encoder restores image shapes
         gen = self.step_generator()
@@ -150,15 +146,12 @@ class QueryOnlyAttention(ReplayLearner):
         return loss.detach()
 
     def fused_refusal(self, chunk_size: int | None = None) -> str | None:
-        """The fused steps: flat inputs, eager; classification one query a step, regression label-free queries, each
-        step's query the incoming point."""
+        """The fused steps: flat inputs, eager; on regression label-free, each step's query the incoming point."""
         if self.compile or not isinstance(self.encoder, nn.Flatten):
             return "needs compile: false and encoder: flatten"
-        if self.task_type == "classification":
-            pairs = self.queries_per_step * self.support_size
-            if pairs > PairScorer.pair_budget:
-                return f"takes at most {PairScorer.pair_budget} pairs a step (queries_per_step × support_size: {pairs})"
-            return None
+        if self.task_type == "classification":  # the scorer's gradient path then takes the pairs at once
+            pairs, most = self.queries_per_step * self.support_size, PairScorer.pair_budget
+            return None if pairs <= most else f"takes at most {most} pairs a step (queries × supports: {pairs})"
         if self.use_labels:
             return "needs use_labels: false on regression"
         if self.online_queries < 1 or not query_is_incoming(
@@ -178,19 +171,14 @@ class QueryOnlyAttention(ReplayLearner):
         return self._online_is_the_query(batch.x[start].flatten(1))
 
     def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..``. Classification: :meth:`learn_chunk` with its step by
-        :class:`~cl_lightning.nn.fused_steps.AttentionCEStep`. Regression: point ``t`` the query of step ``t`` over
-        the ``S`` points before it, through :func:`~cl_lightning.nn.fused_steps.attention_mse_steps` or its C form."""
+        """Chunks ``start..``: classification as :meth:`learn_chunk`, stepped by ``AttentionCEStep``; regression point
+        ``t`` the query of step ``t`` over the ``S`` points before it (``attention_mse_steps`` or its C form)."""
         if self.task_type == "classification":
-            ce_step = fused_steps.AttentionCEStep(self.scorer, self.num_outputs, adam)
-
-            def update(loss: Tensor) -> None:
-                ce_step.update()
-                run.counted += 1  # an optimiser step outside Lightning's wrapper
-
+            step = fused_steps.AttentionCEStep(self.scorer, self.num_outputs, adam)
             chunks = (StreamBatch(batch.x[i], batch.y[i], batch.task_id[i]) for i in range(start, batch.x.shape[0]))
-            losses = [self._learn(chunk, run, ce_step.gradients, update) for chunk in chunks]  # the buffer was ready
-            return torch.stack([loss for loss in losses if loss is not None]).sum()
+            losses = [self._learn(chunk, run, step.gradients, step.update) for chunk in chunks]  # each takes a step
+            run.counted += len(losses)  # the buffer was ready (fused_ready): optimiser steps outside Lightning's
+            return torch.stack(losses).sum()
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
         sx, sy = self.memory_support()
         window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])

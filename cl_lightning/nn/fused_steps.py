@@ -160,24 +160,16 @@ def attention_mse_steps(
 
 
 class AttentionCEStep:
-    """One classification step of query-only attention on a :class:`~cl_lightning.nn.PairScorer` over
-    ``num_classes`` classes: queries ``qx (Q, D)``, labels ``qy (Q,)``, over supports ``sx (S, D)``, labels
-    ``sy (S,)``; logits ``z_c = Σ_j Q(x_t, x_j, y_j) · 1[y_j = c]``, loss ``CE(z, qy)`` (mean over the queries), one
-    update of ``adam`` (bound to the scorer's parameters). Built once per batch of steps; per step
-    :meth:`gradients` ``-> (loss, logits (Q, C))``, then :meth:`update`; ``Q · S`` at most
-    :attr:`PairScorer.pair_budget` (the scorer's gradient path then takes every pair at once).
-
-    The forward is :meth:`PairScorer.forward`'s gradient path, op for op (the factorised first layer: ``W_s x_j``,
-    plus column ``y_j`` of ``W_y``, plus ``W_q x_t + b``, broadcast to the pairs); the gradients are autograd's
-    formulas in its operand layouts: the pairs' gradient ``g`` summed over the queries for the supports' part and
-    over the supports for the queries' part, ``∂W_s = (x_Sᵀ g_S)ᵀ``, ``∂W_y`` by ``index_put`` with accumulation over
-    the supports, ``∂W_q = (x_Qᵀ g_Q)ᵀ``, ``∂b = Σ_Q g_Q``.
-    """
+    """One classification step of query-only attention on a :class:`~cl_lightning.nn.PairScorer`: queries ``qx (Q,
+    D)``, ``qy (Q,)`` over supports ``sx (S, D)``, ``sy (S,)``, logits ``z_c = Σ_j Q(x_t, x_j, y_j) · 1[y_j = c]``, loss
+    ``CE(z, qy)``: :meth:`gradients` ``-> (loss, logits)`` into ``adam``'s flat gradient, then :meth:`update`.
+    The forward is :meth:`PairScorer.forward`'s gradient path op for op (``Q · S`` up to its ``pair_budget``: the
+    pairs at once), the gradients autograd's formulas in its layouts (``sum_to_size`` for the broadcast sum,
+    ``index_put`` with accumulation for the label columns ``W_y``)."""
 
     def __init__(self, scorer: nn.Module, num_classes: int, adam: FlatOptimizer) -> None:
-        first, self.num_labels = scorer.first, scorer.num_labels
+        first, self.num_labels, self.adam, d = scorer.first, scorer.num_labels, adam, scorer.x_dim
         self.plan = _layer_grads([first, *scorer.hidden, scorer.out], adam)
-        self.adam, d = adam, scorer.x_dim
         (_, self.b0, g_w0, self.g_b0), w0 = self.plan[0], first.weight
         self.ws_t, self.wq_t, self.wy_t = w0[:, :d].T, w0[:, d : 2 * d].T, w0[:, 2 * d :].T  # (D, H), (D, H), (C, H)
         self.g_ws, self.g_wq, self.g_wy = g_w0[:, :d], g_w0[:, d : 2 * d], g_w0[:, 2 * d :]
@@ -196,19 +188,17 @@ class AttentionCEStep:
         onehot = (sy[:, None] == self.classes).to(sx.dtype)  # (S, C)
         logits = scores.view(n_q, n_s).mm(onehot)  # (Q, C)
         loss, g = _cross_entropy(logits, qy)
-        g = _backward(self.plan[1:], hs, g.mm(onehot.t()).view(n_q * n_s, 1), to_input=True)  # ∂loss/∂pre-activation
-        g = g.view(n_q, n_s, width)
+        g = _backward(self.plan[1:], hs, g.mm(onehot.t()).view(n_q * n_s, 1), to_input=True).view(n_q, n_s, width)
         g_q = g.sum_to_size(n_q, 1, width).view(n_q, width)  # autograd's reductions of the broadcast sum
         g_s = g.sum_to_size(1, n_s, width).view(n_s, width)
         torch.sum(g_q, 0, out=self.g_b0)
         self.g_wq.copy_(torch.mm(qx.t(), g_q).t())
         self.g_ws.copy_(torch.mm(sx.t(), g_s).t())
-        if self.num_labels:
-            zeros = g_s.new_zeros(self.wy_t.shape)
-            self.g_wy.copy_(torch.ops.aten._index_put_impl_(zeros, [sy], g_s, True, True).t())
+        if self.num_labels:  # autograd's backward of indexing: index_put with accumulation into zeros
+            self.g_wy.copy_(torch.ops.aten._index_put_impl_(g_s.new_zeros(self.wy_t.shape), [sy], g_s, True, True).t())
         return loss, logits
 
-    def update(self) -> None:
-        """One update of ``adam`` from the gradients of the last :meth:`gradients`."""
+    def update(self, loss: Tensor | None = None) -> None:
+        """One update of ``adam`` from the last :meth:`gradients` (``loss`` unused: ``run.step``'s signature)."""
         (count,) = self.adam.counts(1)
         self.adam.update(count)
