@@ -168,21 +168,17 @@ class AttentionCEStep:
     ``index_put`` with accumulation for the label columns ``W_y``)."""
 
     def __init__(self, scorer: nn.Module, num_classes: int, adam: FlatOptimizer) -> None:
-        first, self.num_labels, self.adam, d = scorer.first, scorer.num_labels, adam, scorer.x_dim
-        self.plan = _layer_grads([first, *scorer.hidden, scorer.out], adam)
-        (_, self.b0, g_w0, self.g_b0), w0 = self.plan[0], first.weight
-        self.ws_t, self.wq_t, self.wy_t = w0[:, :d].T, w0[:, d : 2 * d].T, w0[:, 2 * d :].T  # (D, H), (D, H), (C, H)
-        self.g_ws, self.g_wq, self.g_wy = g_w0[:, :d], g_w0[:, d : 2 * d], g_w0[:, 2 * d :]
-        self.classes = torch.arange(num_classes, device=w0.device)
+        self.scorer, self.adam, d = scorer, adam, scorer.x_dim
+        self.plan = _layer_grads([scorer.first, *scorer.hidden, scorer.out], adam)
+        _, _, g_w0, self.g_b0 = self.plan[0]
+        self.g_ws, self.g_wq, self.g_wy = g_w0[:, :d], g_w0[:, d : 2 * d], g_w0[:, 2 * d :]  # (H, D), (H, D), (H, C)
+        self.classes = torch.arange(num_classes, device=g_w0.device)
 
     @torch.no_grad()
     def gradients(self, qx: Tensor, qy: Tensor, sx: Tensor, sy: Tensor) -> tuple[Tensor, Tensor]:
         """The step's loss and logits, its gradients written into ``adam``'s flat gradient."""
-        n_q, n_s, width = qx.shape[0], sx.shape[0], self.ws_t.shape[1]
-        a = torch.mm(sx, self.ws_t)  # (S, H)
-        if self.num_labels:
-            a = a + self.wy_t[sy]  # column y_j of W_y
-        b = torch.addmm(self.b0, qx, self.wq_t)  # (Q, H)
+        a, b = self.scorer.support_part(sx, sy), self.scorer.query_part(qx)  # (S, H), (Q, H): the scorer's own ops
+        n_q, n_s, width = qx.shape[0], sx.shape[0], a.shape[1]
         h = (b[:, None, :] + a[None]).view(n_q * n_s, width).relu()  # (Q·S, H): the first layer over every pair
         scores, hs = _forward(self.plan[1:], h)  # (Q·S, 1)
         onehot = (sy[:, None] == self.classes).to(sx.dtype)  # (S, C)
@@ -194,8 +190,9 @@ class AttentionCEStep:
         torch.sum(g_q, 0, out=self.g_b0)
         self.g_wq.copy_(torch.mm(qx.t(), g_q).t())
         self.g_ws.copy_(torch.mm(sx.t(), g_s).t())
-        if self.num_labels:  # autograd's backward of indexing: index_put with accumulation into zeros
-            self.g_wy.copy_(torch.ops.aten._index_put_impl_(g_s.new_zeros(self.wy_t.shape), [sy], g_s, True, True).t())
+        if self.g_wy.numel():  # label columns: autograd's backward of indexing, index_put accumulating into zeros
+            zeros = g_s.new_zeros(self.g_wy.shape[::-1])  # (C, H)
+            self.g_wy.copy_(torch.ops.aten._index_put_impl_(zeros, [sy], g_s, True, True).t())
         return loss, logits
 
     def update(self, loss: Tensor | None = None) -> None:

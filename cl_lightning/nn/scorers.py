@@ -97,8 +97,8 @@ class PairScorer(nn.Module):
         self._workspace: tuple[Tensor, Tensor] | None = None  # evaluation ping-pong buffers, kept between calls
 
     def tail(self, h: Tensor) -> Tensor:
-        """Layers after the first pre-activation: ``(..., H) -> (...)`` (ReLU in place on ``h``, then the hidden layers
-        and the output layer as modules, so forward hooks fire)."""
+        """Layers after the first pre-activation: ``(..., H) -> (...)`` (ReLU, then the hidden layers and the output
+        layer as modules, so forward hooks fire)."""
         shape = h.shape[:-1]
         # out of place: ``h`` is a view of the broadcast sum, and an in-place ReLU on a view makes autograd copy the
         # whole sum's gradient twice (CopySlices) in the backward pass; the same values either way
