@@ -75,7 +75,7 @@ def contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> T
 
 def adaptable_contribution(h: Tensor, h_hat: Tensor, out_mag: Tensor, in_mag: Tensor) -> Tensor:
     """``out_mag · mean_batch|h − ĥ| / in_mag`` per unit: ``h (B, H)``, the rest ``(H,)``."""
-    return out_mag * batch_mean((h - h_hat).abs()) / in_mag
+    return out_mag * batch_mean(torch.sub(h, h_hat).abs_()) / in_mag
 
 
 UTILITIES: dict[str, Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]] = {
@@ -200,7 +200,8 @@ class GenerateAndTest(nn.Module):
         assert len(features) == self.num_layers
         if self.replacement_rate == 0:
             return [self._no_units(f.device) for f in features]
-        h_hats = [self._test(i, layers[i], layers[i + 1], features[i]) for i in range(self.num_layers)]
+        mags = [layer.weight.abs() for layer in layers]  # once each: a layer's incoming and its feeder's outgoing
+        h_hats = [self._test(i, mags[i], mags[i + 1], features[i]) for i in range(self.num_layers)]
         counts = self.next_counts(generator)
         self.store_carried()
         return self.replace(layers, counts, optimizer, generator, h_hats)
@@ -270,8 +271,9 @@ class GenerateAndTest(nn.Module):
         op_eta, one, _ = self._operands(util, age)
         return torch.sub(one, torch.pow(op_eta, age.to(util.dtype)))
 
-    def _test(self, i: int, layer: nn.Linear, consumer: nn.Linear, h: Tensor) -> Tensor:
-        """Update the ages and utilities of layer ``i`` (``test_features``); ĥ."""
+    def _test(self, i: int, weight_abs: Tensor, consumer_abs: Tensor, h: Tensor) -> Tensor:
+        """Update the ages and utilities of layer ``i`` (``test_features``) from its features ``h``, ``|W_i|`` and
+        ``|W_{i+1}|`` (the weights it reads with and is read with); ĥ."""
         eta = self.decay_rate
         age, util, mean_act = self.buffer("age", i), self.buffer("util", i), self.buffer("mean_act", i)
         op_eta, _, age_one = self._operands(util, age)
@@ -280,8 +282,8 @@ class GenerateAndTest(nn.Module):
         util.mul_(op_eta)
         mean_act.mul_(op_eta).add_(batch_mean(h).to(util.dtype), alpha=1 - eta)
         h_hat = mean_act / bc
-        out_mag = batch_mean(consumer.weight.abs())  # (H,) mean over the units this one feeds
-        in_mag = layer.weight.abs().mean(1)  # (H,) mean over this unit's inputs
+        out_mag = batch_mean(consumer_abs)  # (H,) mean over the units this one feeds
+        in_mag = weight_abs.mean(1)  # (H,) mean over this unit's inputs
         util.add_(UTILITIES[self.utility](h.to(util.dtype), h_hat, out_mag, in_mag), alpha=1 - eta)
         torch.div(util, bc, out=self.buffer("bias_corrected_util", i))
         return h_hat
