@@ -13,6 +13,9 @@ probe tasks, the initial row and the monitors' cadences are the long run's):
 - one more task counted, not timed: its training steps and evaluation episodes run under
   ``torch.utils.flop_counter.FlopCounterMode``; the learner's **floor** is those flops at this machine's matmul rate
   (:func:`benchmarks.harness.matmul_gflops`, the best of the 2048² products measured before and after each fit).
+  The same task logs each counted product's operand layout (:class:`Products`); after the fit each is timed alone
+  on operands of that layout (:func:`time_products`): **the products at their shapes**, what any implementation
+  that computes these products pays, whatever else it saves.
 
 The cost of a task **at the configured cadence** is the steady task's mean plus what task 0 costs above it for
 each monitor, divided by its ``every_n_tasks``, plus the accuracy-matrix rows (10 probe rows and the initial row
@@ -31,11 +34,19 @@ import math
 import statistics
 import tempfile
 import time
+from collections import Counter
 from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
-from torch.utils.flop_counter import FlopCounterMode, register_flop_formula
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import (
+    FlopCounterMode,
+    flop_registry,
+    register_flop_formula,
+    sdpa_backward_flop_count,
+    sdpa_flop_count,
+)
 
 from benchmarks.harness import Bench, clock, matmul_gflops, parser
 from benchmarks.paper_size import MONITOR_NAMES, PhaseTimer
@@ -74,6 +85,82 @@ def _dist_flop(x1_shape: Any, x2_shape: Any, *args: Any, **kwargs: Any) -> int:
     return 2 * q * s * d * math.prod(x1_shape[:-2])
 
 
+@register_flop_formula([torch.ops.aten._scaled_dot_product_flash_attention_for_cpu])
+def _sdpa_cpu_flop(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, **kwargs: Any) -> int:
+    """SDPA on the CPU (full attention's layers): ``Q Kᵀ`` and ``P V``, counted as torch counts its GPU kernels."""
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+@register_flop_formula([torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward])
+def _sdpa_cpu_backward_flop(
+    grad_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *a: Any, **k: Any
+) -> int:
+    """The CPU SDPA's backward: its four products, as torch counts its GPU kernels' backward."""
+    return sdpa_backward_flop_count(grad_shape, query_shape, key_shape, value_shape)
+
+
+def _layout(value: Any) -> Any:
+    """A hashable description of an operator argument: a tensor's shape, strides and dtype; containers element by
+    element; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return tuple(_layout(v) for v in value)
+    if isinstance(value, dict):
+        return ("kwargs", tuple((k, _layout(v)) for k, v in value.items()))
+    return value
+
+
+def _operand(layout: Any) -> Any:
+    """An argument of ``layout`` (:func:`_layout`): a tensor with those strides over fresh storage (floats random,
+    booleans true, integers zero)."""
+    if isinstance(layout, tuple) and layout[:1] == ("tensor",):
+        _, shape, stride, dtype = layout
+        size = 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True)) if all(shape) else 0
+        base = torch.ones(size, dtype=dtype) if dtype == torch.bool else torch.zeros(size, dtype=dtype)
+        if dtype.is_floating_point:
+            base.normal_()
+        return base.as_strided(shape, stride)
+    if isinstance(layout, tuple) and layout[:1] == ("kwargs",):
+        return {k: _operand(v) for k, v in layout[1]}
+    if isinstance(layout, tuple):
+        return tuple(_operand(v) for v in layout)
+    return layout
+
+
+class Products(TorchDispatchMode):
+    """Counts each call of a product (an operator ``FlopCounterMode`` has a formula for) by its operands' layout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[tuple[Any, Any, Any]] = Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        """Run ``func``; count it when it is a product."""
+        kwargs = kwargs or {}
+        if func.overloadpacket in flop_registry:
+            self.calls[(func, _layout(args), _layout(kwargs))] += 1
+        return func(*args, **kwargs)
+
+
+def time_products(calls: Counter[tuple[Any, Any, Any]], repeats: int = 3) -> float:
+    """CPU seconds of the logged product calls, each layout timed alone: the best of ``repeats`` runs of up to 50
+    calls on the same operands (warm caches), times its count."""
+    total = 0.0
+    for (func, args, kwargs), count in calls.items():
+        operands, named = _operand(args), _operand(kwargs)
+        func(*operands, **named)
+        n = min(count, 50)
+        best = math.inf
+        for _ in range(repeats):
+            start = time.process_time()
+            for _ in range(n):
+                func(*operands, **named)
+            best = min(best, time.process_time() - start)
+        total += best / n * count
+    return total
+
+
 class EpochClock(Callback):
     """Each task's start (wall and CPU seconds; a task runs to the next one's start, its checkpoint included) and the
     sum of its training batches' spans, ``on_train_batch_start`` to ``on_train_batch_end``: the step with its
@@ -101,22 +188,28 @@ class EpochClock(Callback):
 
 
 class FlopCount(Callback):
-    """In one task, counts the flops (``FlopCounterMode``) of its training portion (first batch to the evaluation)
-    and of its evaluation (the episodes, with whatever the monitors run then: nothing at a steady task)."""
+    """In one task, counts the flops (``FlopCounterMode``) and the products (:class:`Products`) of its training
+    portion (first batch to the evaluation) and of its evaluation (the episodes, with whatever the monitors run then:
+    nothing at a steady task)."""
 
     def __init__(self, epoch: int) -> None:
         self.epoch, self.flops = epoch, {"training": 0, "episodes": 0}
-        self._mode: FlopCounterMode | None = None
+        self.products: dict[str, Counter[tuple[Any, Any, Any]]] = {"training": Counter(), "episodes": Counter()}
+        self._modes: tuple[FlopCounterMode, Products] | None = None
 
     def _start(self) -> None:
-        self._mode = FlopCounterMode(display=False)
-        self._mode.__enter__()
+        self._modes = (FlopCounterMode(display=False), Products())
+        for mode in self._modes:
+            mode.__enter__()
 
     def _stop(self, key: str) -> None:
-        if self._mode is not None:
-            self._mode.__exit__(None, None, None)
-            self.flops[key] += self._mode.get_total_flops()
-            self._mode = None
+        if self._modes is not None:
+            flops, products = self._modes
+            products.__exit__(None, None, None)
+            flops.__exit__(None, None, None)
+            self.flops[key] += flops.get_total_flops()
+            self.products[key] += products.calls
+            self._modes = None
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: Any) -> None:
         """Count from the counted task's first batch."""
@@ -168,6 +261,7 @@ def fit(name: str, args: Any) -> dict[str, Any]:
         )
         probes = len(dm.probe_tasks)
     rates.append(matmul_gflops("cpu", n=mm_n))
+    products = {key: time_products(calls) for key, calls in counter.products.items()}
     tasks = {e - 1: dict(v) for e, v in timer.tasks.items() if 1 <= e < count_epoch}
     for e in range(1, count_epoch):  # the task's span: its start to the next task's start
         (w0, c0), (w1, c1) = epochs.starts[e], epochs.starts[e + 1]
@@ -181,6 +275,7 @@ def fit(name: str, args: Any) -> dict[str, Any]:
         "tasks": tasks,
         "init_row": dict(timer.init_row),
         "flops": counter.flops,
+        "products_s": products,
         "every_n": every,
         "checkpoint_every": ckpt_every,
         "probes": probes,
@@ -223,6 +318,7 @@ def summarise(m: dict[str, Any], cpu: bool = True) -> dict[str, Any]:
     rate = max(r[1 if cpu else 0] for r in m["matmul_gflops"])
     floor = (m["flops"]["training"] + m["flops"]["episodes"]) / (rate * 1e9)
     cost = sum(amortised.values())
+    products = sum(m["products_s"].values()) if cpu else float("nan")  # timed in CPU seconds
     return {
         "steady": mean,
         "steady_range": (min(spans), max(spans)),
@@ -231,6 +327,7 @@ def summarise(m: dict[str, Any], cpu: bool = True) -> dict[str, Any]:
         "cost_s": cost,
         "floor_s": floor,
         "ratio": cost / floor if floor > 0 else float("nan"),
+        "products_s": products,
         "rate_gflops": (min(r[1 if cpu else 0] for r in m["matmul_gflops"]), rate),
         "dominant": max(amortised, key=lambda k: amortised[k]),
     }
@@ -265,12 +362,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 min(s["cost_s"] for s in wall),
                 f"{flops['training'] / 1e9:.3g} + {flops['episodes'] / 1e9:.3g}",
                 best["floor_s"],
+                best["products_s"],
                 best["ratio"],
                 *(best["amortised"][k] for k in PHASES),
                 best["dominant"],
             ]
         )
-    columns = ["learner", "CPU s/task", "steady range", "wall s/task", "GFLOP (train + eval)", "floor s", "ratio"]
+    columns = ["learner", "CPU s/task", "steady range", "wall s/task", "GFLOP (train + eval)", "floor s"]
+    columns += ["products s", "ratio"]
     columns += [*PHASES, "dominant"]
     rates = [r for fits in runs.values() for m in fits for r in m["matmul_gflops"]]
     notes = [
@@ -279,7 +378,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "monitor's every_n_tasks; the 10 probe rows and the initial row over 7,500 tasks); steady range: CPU seconds "
         "of the steady tasks as timed; floor: the counted training + evaluation flops at the best 2048² matmul rate "
         f"per CPU second of the same process ({min(r[1] for r in rates):.0f}–{max(r[1] for r in rates):.0f} GFLOP "
-        f"per CPU s; per wall s {min(r[0] for r in rates):.0f}–{max(r[0] for r in rates):.0f}); phases in CPU "
+        f"per CPU s; per wall s {min(r[0] for r in rates):.0f}–{max(r[0] for r in rates):.0f}); products: the "
+        "counted task's products, each operand layout timed alone (CPU s); phases in CPU "
         "seconds per task (data: wall seconds of task generation; loop: the task's span less every phase)."
     ]
     return bench.finish(result, columns, rows, notes)

@@ -193,7 +193,31 @@ def test_pmnist_task_cost() -> None:
             assert summary["floor_s"] > 0
             assert summary["ratio"] > 0
             assert summary["amortised"]["training"] > 0
+        for summary in m[name]["cpu"]:  # the products alone: a part of the task
+            assert 0 < summary["products_s"] < summary["cost_s"]
     assert m["bp"]["fits"][0]["every_n"]["HessianMonitor"] == 100  # the Permuted-MNIST cadence
+
+
+def test_products_are_logged_by_layout_and_timed_alone() -> None:
+    """Each product call counted by its operands' layout (a transposed operand stays transposed when rebuilt);
+    non-products not logged; the CPU SDPA counted as torch counts its GPU kernels: full attention's floor."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from benchmarks.pmnist_task_cost import Products, _layout, _operand, time_products
+    from cl_lightning.nn.transformer import TinyTransformer
+
+    a, b = torch.randn(4, 3), torch.randn(4, 5)
+    with Products() as log:
+        for _ in range(3):
+            torch.mm(a.t(), b).relu()
+    ((func, args, kwargs), count), *rest = log.calls.items()
+    assert (func, count, rest) == (torch.ops.aten.mm.default, 3, [])
+    assert args == (("tensor", (3, 4), (1, 3), torch.float32), ("tensor", (4, 5), (5, 1), torch.float32))
+    assert _operand(args)[0].stride() == (1, 3) and kwargs == ("kwargs", ())
+    assert time_products(log.calls) > 0
+    with FlopCounterMode(display=False) as flops:
+        TinyTransformer(59, 1)(torch.randn(1, 100, 59))
+    assert flops.get_total_flops() == 3 * 2 * 100 * 59 * 59 + 2 * 2 * 100 * 100 * 59  # q, k, v; Q Kᵀ and P V
 
 
 def test_scorer_rate() -> None:
