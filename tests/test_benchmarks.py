@@ -203,7 +203,7 @@ def test_products_are_logged_by_layout_and_timed_alone() -> None:
     non-products not logged; the CPU SDPA counted as torch counts its GPU kernels: full attention's floor."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from benchmarks.pmnist_task_cost import Products, _layout, _operand, time_products
+    from benchmarks.pmnist_task_cost import Products, _operand, time_products
     from cl_lightning.nn.transformer import TinyTransformer
 
     a, b = torch.randn(4, 3), torch.randn(4, 5)
@@ -213,7 +213,8 @@ def test_products_are_logged_by_layout_and_timed_alone() -> None:
     ((func, args, kwargs), count), *rest = log.calls.items()
     assert (func, count, rest) == (torch.ops.aten.mm.default, 3, [])
     assert args == (("tensor", (3, 4), (1, 3), torch.float32), ("tensor", (4, 5), (5, 1), torch.float32))
-    assert _operand(args)[0].stride() == (1, 3) and kwargs == ("kwargs", ())
+    assert _operand(args)[0].stride() == (1, 3)
+    assert kwargs == ("kwargs", ())
     assert time_products(log.calls) > 0
     with FlopCounterMode(display=False) as flops:
         TinyTransformer(59, 1)(torch.randn(1, 100, 59))
