@@ -52,7 +52,7 @@ from benchmarks.harness import Bench, clock, matmul_gflops, parser
 from benchmarks.paper_size import MONITOR_NAMES, PhaseTimer
 from cl_lightning.run.cli import main as cli_main
 
-FUSED = "--model.init_args.step_kernel=fused"  # QOA's steps as the suite runs them (Backprop's, CBP's configs: set)
+FUSED = "--model.init_args.step_kernel=fused"  # QOA V1 as the suite runs it (the configs: auto, fused on this CPU)
 LEARNERS = {  # name: (label, config, extra CLI arguments); the configs are the suite's paper configs
     "bp": ("Backprop", "configs/bp_pmnist.yaml", []),
     "cbp": ("CBP", "configs/cbp_pmnist.yaml", []),

@@ -254,6 +254,7 @@ def require(obj: Any, protocol: type, who: str) -> None:
 
 
 def step_numbers(step_kernel: object) -> object:
-    """What a learner's ``step_kernel`` means for its numbers: ``"torch"``, ``"autograd"`` and ``"fused"`` (the same
-    bits) read as ``"autograd"``, ``"native"`` as itself. A resume and a report's departures compare through it."""
-    return "autograd" if step_kernel in ("torch", "fused") else step_kernel
+    """What a learner's ``step_kernel`` means for its numbers: ``"torch"``, ``"autograd"``, ``"fused"`` and ``"auto"``
+    (the same bits) read as ``"autograd"``, ``"native"`` as itself. A resume and a report's departures compare
+    through it."""
+    return "autograd" if step_kernel in ("torch", "fused", "auto") else step_kernel

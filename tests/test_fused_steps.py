@@ -188,7 +188,7 @@ def test_an_optimiser_the_fused_step_cannot_reproduce_is_refused(tmp_path: Path)
 def test_a_forward_hook_is_refused_by_the_fused_engine(tmp_path: Path) -> None:
     from cl_lightning.run.cli import main
 
-    cli = main(_args("bp_scr", tmp_path, 64, tasks=1), run=False)
+    cli = main(_args("bp_scr", tmp_path, 64, tasks=1, extra=["--model.init_args.step_kernel=fused"]), run=False)
     cli.model.net.layers[0].register_forward_hook(lambda *_: None)
     with pytest.raises(ValueError, match="step_kernel 'fused' would not call a module's forward hook"):
         cli.trainer.fit(cli.model, cli.datamodule)
@@ -384,3 +384,47 @@ def test_optimisers_the_flat_adam_cannot_reproduce_are_named() -> None:
     assert "SGD" in adam_refusal(torch.optim.SGD(params, lr=0.1), params)
     assert "amsgrad" in adam_refusal(torch.optim.Adam(params, amsgrad=True), params)
     assert "not the net's" in adam_refusal(torch.optim.Adam(params[:2]), params)
+
+
+@pytest.mark.parametrize(
+    ("extra", "hook", "runs"),
+    [
+        ([], False, "fused"),
+        ([], True, "autograd"),  # a monitor's forward hook: the fused steps would skip it
+        (["--trainer.precision=bf16-mixed"], False, "autograd"),
+        (["--model.init_args.optimizer=torch.optim.SGD", "--model.init_args.optimizer.init_args.lr=0.01"], False,
+         "autograd"),
+    ],
+    ids=["cpu", "forward-hook", "mixed-precision", "sgd"],
+)  # fmt: skip
+def test_auto_takes_the_fused_steps_where_the_run_allows_them(
+    extra: list[str], hook: bool, runs: str, tmp_path: Path
+) -> None:
+    """``step_kernel: auto`` decides once, when training starts: the fused steps, or autograd for a run they would
+    refuse (the run trains either way: no refusal)."""
+    from cl_lightning.run.cli import main
+
+    cli = main(_args("bp_scr", tmp_path, 64, tasks=1, extra=["--model.init_args.step_kernel=auto", *extra]), run=False)
+    assert cli.model.engine.name == "auto"
+    if hook:
+        cli.model.net.layers[0].register_forward_hook(lambda *_: None)
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.model.engine.name == runs
+    assert cli.trainer.global_step == 300
+
+
+@pytest.mark.parametrize(
+    ("config", "extra"),
+    [("ewc_pmnist", PMNIST), ("qoa_pmnist", [*PMNIST, "--model.init_args.queries_per_step=100"])],
+    ids=["ewc", "qoa-too-many-pairs"],
+)
+def test_auto_is_autograd_for_a_learner_whose_fused_steps_refuse_its_settings(
+    config: str, extra: list[str], tmp_path: Path
+) -> None:
+    """Where ``fused`` is refused when the config is read, ``auto`` is autograd (EWC: its own training step)."""
+    from cl_lightning.learners.engines import AutogradEngine
+    from cl_lightning.run.cli import main
+
+    cli = main(_args(config, tmp_path, 1, tasks=1, extra=["--model.init_args.step_kernel=auto", *extra]), run=False)
+    engine = cli.model.engine
+    assert engine is None if config == "ewc_pmnist" else type(engine) is AutogradEngine

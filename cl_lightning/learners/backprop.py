@@ -29,10 +29,11 @@ class Backprop(ContinualLearner):
         init: Weight initialisation (paper code: Kaiming-uniform, zero biases).
         encoder: ``"flatten"`` (inputs as vectors) or ``"cnn"`` (the paper's shared 3-layer CNN, 1,152 features).
         step_kernel: The step engine, chosen once: ``"autograd"`` (default; ``"torch"`` is the same), ``"fused"``
-            (hand-written MLP gradients and one flat Adam: autograd's numbers bit for bit) or ``"native"`` (the
-            fused steps in C, regression only, to float32 rounding; needs a C compiler). ``fused`` and ``native``
-            need flat inputs, the CPU, full precision, Adam / AdamW (CBP: AdamGnT) and no forward hook; anything
-            else is refused before the first batch. EWC: ``"autograd"`` only.
+            (hand-written MLP gradients and one flat Adam: autograd's numbers bit for bit), ``"auto"`` (``fused``
+            where the run allows it, else ``autograd``, decided when training starts) or ``"native"`` (the fused
+            steps in C, regression only, to float32 rounding; needs a C compiler). ``fused`` and ``native`` need
+            flat inputs, the CPU, full precision, Adam / AdamW (CBP: AdamGnT) and no forward hook; anything else is
+            refused before the first batch. EWC: ``"autograd"`` only.
         **kwargs: :class:`~cl_lightning.learners.base.ContinualLearner`'s: the linked shapes, ``optimizer``
             (paper: Adam, lr 1e-4) and ``seed`` (unused by Backprop itself).
     """

@@ -211,7 +211,7 @@ class ContinualLearner(LightningModule, ABC):
         """Refuse a run the step engine cannot serve; count an older checkpoint's automatic-optimisation steps as the
         engine's."""
         if self.engine is not None:
-            self.engine.check_run(self)
+            self.engine = self.engine.for_run(self)
             lightning_compat.adopt_automatic_steps(self.trainer)
 
     def on_train_epoch_start(self) -> None:

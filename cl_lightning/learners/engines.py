@@ -3,7 +3,8 @@ docs/architecture.md, "Step engines": what each refuses, and when).
 
 A learner states its step once, ``learn_chunk(batch, run)``; its engine runs a batch's ``K`` chunks in arrival order,
 in manual optimisation: :class:`AutogradEngine` through Lightning's optimiser, :class:`FusedEngine` through the
-learner's ``learn_fused`` (bit for bit), :class:`NativeEngine` through the same steps in C (to float32 rounding).
+learner's ``learn_fused`` (bit for bit), :class:`NativeEngine` through the same steps in C (to float32 rounding);
+``"auto"`` (:class:`AutoEngine`) takes the fused steps where the run allows them, else autograd: the same numbers.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from cl_lightning.nn.fused_steps import has_forward_hooks
 from cl_lightning.nn.optim import FlatAdamGnT, FlatOptimizer, adam_refusal, flat_optimizer_type
 
 __all__ = [
+    "AutoEngine",
     "AutogradEngine",
     "FusedEngine",
     "NativeEngine",
@@ -31,7 +33,7 @@ __all__ = [
     "step_engine",
 ]
 
-StepKernel = Literal["autograd", "fused", "native", "torch"]
+StepKernel = Literal["auto", "autograd", "fused", "native", "torch"]
 """The engines by name; ``"torch"``, the name before engines, is ``"autograd"`` (the same numbers bit for bit)."""
 FULL_PRECISION = ("32-true", "64-true", "32", "64")  # trainer.precision values the fused engines run under
 
@@ -120,8 +122,9 @@ class AutogradEngine:
     def check_learner(self, learner: SteppedLearner) -> None:
         """Refuse, at construction, a learner this engine cannot run (none here)."""
 
-    def check_run(self, learner: SteppedLearner) -> None:
-        """Refuse, when training starts, a run this engine cannot serve (none here)."""
+    def for_run(self, learner: SteppedLearner) -> AutogradEngine:
+        """The engine that serves this run, when training starts: this one, or a one-line refusal (none here)."""
+        return self
 
     def learn(self, learner: SteppedLearner, batch: StreamBatch | StreamSteps) -> Tensor | None:
         """The batch's chunks in arrival order, each predicted, then learned, before the next is seen; the task-mean
@@ -165,9 +168,10 @@ class FusedEngine(AutogradEngine):
             raise ValueError(f"{type(learner).__name__} has no {self.name} step engine: use step_kernel: autograd")
         self._refuse(learner, learner.fused_refusal())
 
-    def check_run(self, learner: SteppedLearner) -> None:
-        """Refuse a run the fused step would not compute as autograd (:meth:`run_refusal`)."""
+    def for_run(self, learner: SteppedLearner) -> AutogradEngine:
+        """This engine, or the refusal of a run the fused step would not compute as autograd (:meth:`run_refusal`)."""
         self._refuse(learner, self.run_refusal(learner))
+        return self
 
     def _refuse(self, learner: SteppedLearner, reason: str | None) -> None:
         """Raise the one-line refusal of ``reason`` (none for ``None``)."""
@@ -230,12 +234,25 @@ class NativeEngine(FusedEngine):
         return None
 
 
+class AutoEngine(FusedEngine):
+    """A fused engine where the run allows it, else autograd (the same numbers), chosen when training starts."""
+
+    name = "auto"
+
+    def for_run(self, learner: SteppedLearner) -> AutogradEngine:
+        """A fused engine, or autograd for a run the fused steps would refuse (an accelerator, a forward hook, ...)."""
+        return FusedEngine() if self.run_refusal(learner) is None else AutogradEngine()
+
+
 def step_engine(step_kernel: StepKernel, learner: SteppedLearner) -> AutogradEngine | None:
     """The engine ``step_kernel`` names for ``learner``, checked (:meth:`AutogradEngine.check_learner`); ``None``
     for a learner that steps in its own ``training_step`` (EWC), which only ``"autograd"`` describes."""
     engines = {"autograd": AutogradEngine, "torch": AutogradEngine, "fused": FusedEngine, "native": NativeEngine}
+    if step_kernel == "auto":  # the fused steps only where they compute this learner's settings
+        fits = learner.has_fused_steps() and learner.fused_refusal() is None
+        engines["auto"] = AutoEngine if fits else AutogradEngine
     if step_kernel not in engines:
-        raise ValueError(f"step_kernel must be 'autograd', 'fused' or 'native', not {step_kernel!r}")
+        raise ValueError(f"step_kernel must be 'auto', 'autograd', 'fused' or 'native', not {step_kernel!r}")
     engine = engines[step_kernel]()
     engine.check_learner(learner)
     return engine if learner.learns_steps() else None
