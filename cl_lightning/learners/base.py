@@ -208,8 +208,8 @@ class ContinualLearner(LightningModule, ABC):
         check_steps(self, self.trainer.datamodule, self.trainer.world_size)
 
     def on_train_start(self) -> None:
-        """Refuse a run the step engine cannot serve; count an older checkpoint's automatic-optimisation steps as the
-        engine's."""
+        """Take the engine that serves this run (``auto``: fused or autograd) or refuse the run; count an older
+        checkpoint's automatic-optimisation steps as the engine's."""
         if self.engine is not None:
             self.engine = self.engine.for_run(self)
             lightning_compat.adopt_automatic_steps(self.trainer)
