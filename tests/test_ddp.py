@@ -3,6 +3,9 @@ ranks step together (also while memory fills), and the task means are reduced ov
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from datetime import timedelta
 from pathlib import Path
 
@@ -69,6 +72,8 @@ MAML_ADMITTED = [a for a in LEARNERS["maml"] if not a.startswith(("--model.admis
 DDP_LEARNERS = {
     **{k: v for k, v in LEARNERS.items() if k != "knn"},
     "maml_admitted": [*MAML_ADMITTED, "--model.admission_prob=0.5", "--model.start_when_full=false"],
+    # the paper configs' batches of chunks (bp/cbp/qoa_pmnist.yaml): a chunk a batch under several processes
+    "qoa_steps_per_batch": [*LEARNERS["qoa"], "--model.step_kernel=auto", "--data.steps_per_batch=5"],
 }
 
 
@@ -127,3 +132,18 @@ def test_knn_refuses_ddp_with_a_clear_message(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setattr(Trainer, "world_size", property(lambda self: 2))
     with pytest.raises(ValueError, match="KNN has no parameters to train across devices"):
         cli.model.setup("fit")
+
+
+@pytest.mark.slow
+def test_a_ddp_fit_from_the_command_line_prints_its_summary_once(tmp_path: Path) -> None:
+    """``--trainer.strategy=ddp`` launches a second process running the same command: the run's last lines come
+    once (rank 0), and no advice to ``sync_dist`` values that are already the same on every rank."""
+    args = tiny_args(tmp_path, [*LEARNERS["qoa"], "--data.steps_per_batch=5"], tasks=2)
+    args += ["--trainer.devices=2", "--trainer.strategy=ddp"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "cl_lightning", "fit", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("Run finished: 2/2 tasks") == 1, done.stdout
+    assert "sync_dist" not in done.stderr

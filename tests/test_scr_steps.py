@@ -174,8 +174,8 @@ def test_steps_per_batch_is_checked() -> None:
     learner = Backprop(input_shape=(20,), num_outputs=1, task_type="regression", hidden_sizes=[4])
     with pytest.raises(ValueError, match="divide"):
         check_steps(learner, dm, 1)
-    with pytest.raises(ValueError, match="one process"):
-        check_steps(learner, dm, 2)
+    check_steps(learner, dm, 2)  # several processes: a chunk a batch, so the chunks need not divide a task
+    assert (dm.chunks_per_batch(1), dm.chunks_per_batch(2)) == (4, 1)
 
 
 def test_qoa_online_prediction_reused_from_training_is_the_memory_prediction(tmp_path: Path) -> None:

@@ -114,9 +114,9 @@ class StreamDataModule(LightningDataModule):
         returns: Score the next task before it is shown (``eval/return_*/visit_n``; a stream with ``recur_every``).
         revisions: Score the task's revised keys, new and old values (``eval/revised_*``, ``eval/stale_*``).
         num_workers: DataLoader workers for the training chunks.
-        steps_per_batch: Chunks per training batch, each still one predict-then-learn step in arrival order
-            (fewer Lightning round trips on one-point streams). More than 1 needs a learner with a step engine,
-            one process and chunks that divide a task (``learners.engines.check_steps``).
+        steps_per_batch: Chunks per training batch in one process (one under several), each still one
+            predict-then-learn step in arrival order (fewer round trips). More than 1 needs a learner with a step
+            engine and chunks that divide a task (``learners.engines.check_steps``).
     """
 
     def __init__(
@@ -221,6 +221,12 @@ class StreamDataModule(LightningDataModule):
                 f"({self.num_tasks}): one epoch is one task; leave max_epochs unset and the CLI fills it in"
             )
 
+    def chunks_per_batch(self, world_size: int) -> int:
+        """Chunks a training batch serves in a run of ``world_size`` processes: ``steps_per_batch`` in one, one under
+        several (a step engine's batch of chunks reduces no gradients between its steps; a chunk a batch learns the
+        same steps)."""
+        return self.steps_per_batch if world_size == 1 else 1
+
     def _task(self) -> int:
         epoch = self.trainer.current_epoch if self.trainer is not None else 0
         return min(epoch, self.num_tasks - 1)
@@ -229,7 +235,7 @@ class StreamDataModule(LightningDataModule):
         """The current task's chunks (batch = one chunk, already collated)."""
         rank = self.trainer.global_rank if self.trainer is not None else 0
         world = self.trainer.world_size if self.trainer is not None else 1
-        dataset = ChunkDataset(self.stream, self._task(), rank, world, self.steps_per_batch)
+        dataset = ChunkDataset(self.stream, self._task(), rank, world, self.chunks_per_batch(world))
         return DataLoader(dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=False)
 
     def _stream_task(self, task: int) -> int:

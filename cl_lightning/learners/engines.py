@@ -259,16 +259,13 @@ def step_engine(step_kernel: StepKernel, learner: SteppedLearner) -> AutogradEng
 
 
 def check_steps(learner: SteppedLearner, data: Any, world_size: int) -> None:
-    """Refuse, when the fit starts, ``StreamSteps`` batches (``data.steps_per_batch`` > 1) the run cannot learn: a
-    learner without a step engine (``TypeError``), several processes, or chunks that do not divide every task's
-    training portion (``ValueError``)."""
-    steps = getattr(data, "steps_per_batch", 1)
-    if steps == 1:
+    """Refuse, when the fit starts, ``StreamSteps`` batches (``data.steps_per_batch`` > 1 in one process) the run
+    cannot learn: a learner without a step engine (``TypeError``) or chunks that do not divide every task's training
+    portion (``ValueError``)."""
+    if getattr(data, "chunks_per_batch", lambda _: 1)(world_size) == 1:
         return
     if not learner.learns_steps():
         raise TypeError(f"{type(learner).__name__} learns one chunk per training batch: set data.steps_per_batch: 1")
-    if world_size > 1:
-        raise ValueError(f"steps_per_batch {steps} needs one process (got {world_size}): set it to 1")
     stream = data.stream
     sizes = {stream.task_train_size(t) for t in {0, stream.warmup_tasks}}
     if any(n % stream.chunk_size for n in sizes):

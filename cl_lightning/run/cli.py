@@ -227,11 +227,14 @@ class CLI(CompatCLI):
     validate = test = evaluate
 
     def after_fit(self) -> None:
-        """Print what happened and where it is, as the last lines of the run."""
+        """Print what happened and where it is, as the last lines of the run (once, on global rank 0; every rank
+        builds them: ``trainer.log_dir`` is a collective under DDP)."""
         monitor = next((c for c in self.trainer.callbacks if isinstance(c, ForgettingMonitor)), None)
         recent = monitor.recent_means(10) if monitor is not None else None
         seconds = time.monotonic() - getattr(self, "_started", time.monotonic())
-        sys.stdout.write(run_summary(self.trainer, seconds, recent))
+        summary = run_summary(self.trainer, seconds, recent)
+        if self.trainer.is_global_zero:
+            sys.stdout.write(summary)
 
 
 def main(args: list[str] | None = None, run: bool = True) -> CLI:

@@ -313,7 +313,9 @@ def quiet() -> None:
     # Expected on a stream: learners skip steps while their memory fills, a task's chunks are an IterableDataset
     # with a length, a task may have fewer chunks than the logging interval, replay learners keep a chunk's host
     # labels in their own on_before_batch_transfer, a warm-up task evaluates nothing. The LeafSpec and
-    # torch.jit.script deprecations are Lightning's and torch.func's own calls.
+    # torch.jit.script deprecations are Lightning's and torch.func's own calls. Under DDP, what a task's end logs
+    # is the same on every rank (task means reduced over the ranks, every episode evaluated by every rank, monitors
+    # of the parameters the ranks share; cost/* are rank 0's times), so Lightning's advice to sync_dist is moot.
     for message in (
         ".*overridden `on_before_batch_transfer` in `LightningModule` but have passed in a `LightningDataModule`.*",
         ".*isinstance\\(treespec, LeafSpec\\)` is deprecated.*",
@@ -322,6 +324,7 @@ def quiet() -> None:
         ".*smaller than the logging interval.*",
         ".*`torch.jit.script` is deprecated.*",
         ".*Total length of `DataLoader` across ranks is zero.*",
+        ".*when logging on epoch level in distributed setting.*",
     ):
         warnings.filterwarnings("ignore", message=message)
     # the CLI says itself that a run was stopped, and how to resume it (cl_lightning.run.stopping)
