@@ -365,3 +365,17 @@ def test_last_is_the_most_finished_of_lightnings_versioned_last_checkpoints(tmp_
     assert last_checkpoint(tmp_path / "version_0") == folder / "last-v1.ckpt"
     (folder / "last-v1.ckpt").unlink()
     assert last_checkpoint(tmp_path / "version_0") == folder / "last.ckpt"
+
+
+def test_resuming_a_finished_run_says_so_and_cites_its_scores(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`fit --ckpt_path last` on a run that already ran all its tasks trains nothing: the summary says so and cites
+    the scores the checkpoint holds (the forgetting monitor's curves and R), not "finished in 0 min 0 s"."""
+    monitor = ["--callbacks.forgetting=cl_lightning.callbacks.ForgettingMonitor", "--callbacks.forgetting.plot=false"]
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, *monitor])])
+    first = capsys.readouterr().out.strip().splitlines()[-3:]
+    main(["fit", *tiny_args(tmp_path, BACKPROP, tasks=3, extra=[*CHECKPOINTS, *monitor, "--ckpt_path=last"])])
+    again = capsys.readouterr().out.strip().splitlines()[-3:]
+    assert re.fullmatch(r"Run finished: 3/3 tasks in 0 min \d+ s\.", first[0]), first[0]
+    assert again[0] == "Run already finished: 3/3 tasks; nothing left to run."
+    assert re.search(r"; ACC [\d.]+ \(probe tasks, R's last row\)\.$", first[1]), first[1]
+    assert again[1:] == first[1:]  # the same scores, from the checkpoint; the same folders

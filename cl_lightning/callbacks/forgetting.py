@@ -98,6 +98,11 @@ class ForgettingMonitor(Callback):
                 out[role] = (float(seen.mean()), seen.numel())
         return out
 
+    def last_average(self, lower_is_better: bool) -> float | None:
+        """ACC of the last row of ``R`` measured so far (``None`` before the first probe row)."""
+        rows = int((~self.matrix.isnan()).any(1).sum())
+        return self.metrics(rows, lower_is_better)["forgetting/avg"] if rows else None
+
     def on_fit_start(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
         """Score the learner at initialisation on every probe task (once; not on resume)."""
         self._fit_start, self._plot_seconds = time.monotonic(), 0.0

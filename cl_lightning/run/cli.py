@@ -231,8 +231,12 @@ class CLI(CompatCLI):
         builds them: ``trainer.log_dir`` is a collective under DDP)."""
         monitor = next((c for c in self.trainer.callbacks if isinstance(c, ForgettingMonitor)), None)
         recent = monitor.recent_means(10) if monitor is not None else None
+        lower_is_better = getattr(self.trainer.lightning_module, "task_type", None) == "regression"
+        average = monitor.last_average(lower_is_better) if monitor is not None else None
         seconds = time.monotonic() - getattr(self, "_started", time.monotonic())
-        summary = run_summary(self.trainer, seconds, recent)
+        start = self.resume.checkpoint if self.resume is not None else None
+        done_before = start is not None and int(start.get("epoch", -1)) + 1 >= (self.trainer.max_epochs or 0)
+        summary = run_summary(self.trainer, seconds, recent, average, done_before)
         if self.trainer.is_global_zero:
             sys.stdout.write(summary)
 
