@@ -351,6 +351,10 @@ def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> No
     ``<save_dir>/<name>/<subcommand>_K``, never a new ``version_N`` that ``--ckpt_path last`` would take (a logger
     ``version`` the user set is kept, unless it names the evaluated run); say what it evaluates without a checkpoint.
     """
+    # it restores the learner only: the checkpoint's DataRecord (fit's resume check) and ModelCheckpoint's folder
+    # (an evaluation writes no checkpoint) do not matter to it; another callback missing still warns
+    for message in (r".*add the following callbacks: \['DataRecord'\]", r".*The dirpath has changed from .*"):
+        warnings.filterwarnings("ignore", message=message)
     if resume is None or resume.checkpoint is None:
         sys.stderr.write(
             f"{subcommand}: no --ckpt_path, so this evaluates the config's untrained learner (its initial weights); "
