@@ -76,3 +76,20 @@ class SignalAtEvaluation(Callback):
     ) -> None:
         """Signal this process at the first ``test`` batch."""
         self._signal(batch_idx)
+
+
+class SignalInTask(Callback):
+    """Sends its own process ``signum`` as the first training batch of ``task`` (0-based) starts.
+
+    Args:
+        signum: the signal to send.
+        task: the task (epoch) in which to send it.
+    """
+
+    def __init__(self, signum: int, task: int) -> None:
+        self.signum, self.task = signum, task
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: object, idx: int) -> None:
+        """Signal this process once, in its task."""
+        if trainer.current_epoch == self.task and idx == 0:
+            os.kill(os.getpid(), self.signum)

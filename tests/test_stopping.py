@@ -384,3 +384,15 @@ def test_a_signal_stops_validate_and_test_with_its_exit_code_and_one_line(
     )
     assert "Traceback" not in proc.stderr
     assert "acc" not in proc.stdout  # no results table
+
+
+def test_the_stop_line_starts_below_the_progress_bar(tmp_path: Path) -> None:
+    """With the progress bar on (a terminal's default), the stop's line is a line of its own, not glued to the bar's
+    (stdout and stderr into one file, as a terminal shows them)."""
+    extra = [*KEEP, "--trainer.enable_progress_bar=true", "--trainer.callbacks+=signal_callback.SignalInTask"]
+    extra += ["--trainer.callbacks.signum=15", "--trainer.callbacks.task=1"]
+    cmd = [sys.executable, "-m", "cl_lightning", "fit", *tiny_args(tmp_path, BACKPROP, tasks=3, extra=extra)]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=WITH_TESTS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    lines = proc.stdout.decode().replace("\r", "\n").splitlines()
+    assert proc.returncode == 128 + signal.SIGTERM, lines[-5:]
+    assert any(line.startswith("stopped by SIGTERM at task 2 of 3; ") for line in lines), lines[-5:]

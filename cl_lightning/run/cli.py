@@ -10,6 +10,7 @@ import argparse
 import re
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -205,7 +206,9 @@ class CLI(CompatCLI):
             if undone:
                 snapshot.undo()
             if isinstance(error, (StopRequested, SIGTERMException)):
-                stop.exit(error, lambda cause: stopping.stop_message(self.trainer, cause, self.command_line, undone))
+                bar = "\n" if self.trainer.progress_bar_callback is not None else ""  # below the bar's line
+                message = partial(stopping.stop_message, self.trainer, command_line=self.command_line, undone=undone)
+                stop.exit(error, lambda cause: bar + message(cause))
             if isinstance(error, DivergenceError) and log_dir is not None:  # what it left behind, besides
                 raise DivergenceError(f"{error}; its logs up to there are in {log_dir}") from error
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):  # the file system said no
