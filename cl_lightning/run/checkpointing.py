@@ -132,10 +132,11 @@ def last_checkpoint(run: Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def tasks_done(path: Path) -> int | None:
-    """The tasks a checkpoint holds finished (its epoch + 1); ``None`` where it cannot be read."""
+def tasks_done(checkpoint: Path | dict[str, Any]) -> int | None:
+    """The tasks a checkpoint (its path, or its loaded contents) holds finished (its epoch + 1); ``None`` where it
+    cannot be read."""
     try:
-        return int(read_checkpoint(path)["epoch"]) + 1
+        return int((read_checkpoint(checkpoint) if isinstance(checkpoint, Path) else checkpoint)["epoch"]) + 1
     except (KeyError, TypeError, ValueError):  # ValueError: CheckpointError too
         return None
 

@@ -37,6 +37,7 @@ from cl_lightning.run.checkpointing import (
     check_resumed,
     open_run,
     remove_temp_files,
+    tasks_done,
 )
 from cl_lightning.run.cli_messages import LINKED, ConciseArgumentParser, HeldLines, describe, file_system_message, quiet
 from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_includes
@@ -238,7 +239,7 @@ class CLI(CompatCLI):
         average = monitor.last_average(lower_is_better) if monitor is not None else None
         seconds = time.monotonic() - getattr(self, "_started", time.monotonic())
         start = self.resume.checkpoint if self.resume is not None else None
-        done_before = start is not None and int(start.get("epoch", -1)) + 1 >= (self.trainer.max_epochs or 0)
+        done_before = start is not None and (tasks_done(start) or 0) >= (self.trainer.max_epochs or 0)
         summary = run_summary(self.trainer, seconds, recent, average, done_before)
         if self.trainer.is_global_zero:
             sys.stdout.write(summary)
