@@ -339,6 +339,10 @@ def open_run(config: Any, subcommand: str) -> Resume | None:
     resume = find_resume(config, subcommand)
     if subcommand in ("validate", "test"):
         evaluation_folder(config, subcommand, resume)
+        # it restores the learner only: the checkpoint's DataRecord (fit's resume check) and ModelCheckpoint's folder
+        # (an evaluation writes no checkpoint) do not matter to it; another callback missing still warns
+        for message in (r".*add the following callbacks: \['DataRecord'\]", r".*The dirpath has changed from .*"):
+            warnings.filterwarnings("ignore", message=message)
     if resume is not None and resume.run is not None and subcommand == "fit":
         hold(resume.run)  # before anything is written into it
         config.trainer.logger.init_args.version = version_of(resume.run)
@@ -352,10 +356,6 @@ def evaluation_folder(config: Any, subcommand: str, resume: Resume | None) -> No
     ``<save_dir>/<name>/<subcommand>_K``, never a new ``version_N`` that ``--ckpt_path last`` would take (a logger
     ``version`` the user set is kept, unless it names the evaluated run); say what it evaluates without a checkpoint.
     """
-    # it restores the learner only: the checkpoint's DataRecord (fit's resume check) and ModelCheckpoint's folder
-    # (an evaluation writes no checkpoint) do not matter to it; another callback missing still warns
-    for message in (r".*add the following callbacks: \['DataRecord'\]", r".*The dirpath has changed from .*"):
-        warnings.filterwarnings("ignore", message=message)
     if resume is None or resume.checkpoint is None:
         sys.stderr.write(
             f"{subcommand}: no --ckpt_path, so this evaluates the config's untrained learner (its initial weights); "
