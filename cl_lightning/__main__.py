@@ -25,11 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if argv is None and command == "fit":  # the process's entry point: a signal has a defined outcome until exit
             process_signals.watch()
-        from cl_lightning.run.cli import main as cli
-        from cl_lightning.run.threads import apply_thread_policy
+        if argv is None:  # the process's entry point, before torch starts OpenMP: threads and waiting
+            from cl_lightning.run.threads import apply_thread_policy
 
-        if argv is None:  # the process's entry point: one thread unless OMP_NUM_THREADS says otherwise
             apply_thread_policy()
+        from cl_lightning.run.cli import main as cli
+
         cli(None if argv is None else args)
 
 

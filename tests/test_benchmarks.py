@@ -308,3 +308,12 @@ def test_scr_output_init_runs_both_gains_on_the_same_draw(tmp_path: Path) -> Non
     result = _main("scr_output_init", out=tmp_path)
     assert len(result["runs"]) == 2  # one seed under --small, both inits
     assert all(len(r["forward"]) == 2 for r in result["runs"].values())  # 7 tasks, 5 of them warm-up
+
+
+def test_threads_benchmark_times_each_variant_in_its_own_process() -> None:
+    """Two tiny fits, the policy and one thread, each in a child process; seconds a task read from its events."""
+    result = _main("threads", "--repeats", "1", "--workloads", "demo", "--loads", "idle", "--variants", "policy", "one")
+    seconds = result["seconds_per_task"]["demo"]["idle"]
+    assert set(seconds) == {"policy", "one"}
+    assert all(len(s) == 1 and 0 < s[0] < 60 for s in seconds.values())
+    assert "÷ best" in result["table"]

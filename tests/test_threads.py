@@ -1,50 +1,87 @@
-"""The command line's thread policy (#35): one intra-op thread unless OMP_NUM_THREADS / MKL_NUM_THREADS say."""
+"""The command line's thread policy (#46): every usable core and a short OpenMP spin, unless the user set either."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-import torch
 
 import cl_lightning.__main__ as entry
 import cl_lightning.run.cli
-from cl_lightning.run.threads import apply_thread_policy
+from cl_lightning.run import threads
+from cl_lightning.run.threads import SPIN_COUNT, apply_thread_policy, cgroup_cores, policy_environment, thread_count
 
 
-@pytest.fixture
-def two_threads() -> object:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
+def test_policy_adds_only_what_the_user_left_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(threads, "usable_cores", lambda: 6)
+    assert policy_environment({}) == {"OMP_NUM_THREADS": "6", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert policy_environment({"OMP_NUM_THREADS": ""}) == {"OMP_NUM_THREADS": "6", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert policy_environment({"OMP_NUM_THREADS": "2"}) == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert policy_environment({"MKL_NUM_THREADS": "3"}) == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
+    assert policy_environment({"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_NUM_THREADS": "6"}
+    assert policy_environment({"GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "1"}) == {}
+    environ = {"OMP_WAIT_POLICY": "ACTIVE"}
+    assert apply_thread_policy(environ) == {"OMP_NUM_THREADS": "6"}
+    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "6"}
+    assert thread_count({"OMP_NUM_THREADS": "3"}) == 3
+    assert thread_count({"MKL_NUM_THREADS": "4"}) == 4
+    assert thread_count({}) == 6
 
 
-def test_one_thread_unless_the_environment_says(two_threads: object) -> None:
-    assert apply_thread_policy({"OMP_NUM_THREADS": "2"}) == 2  # torch read it at start-up: left as it is
-    assert apply_thread_policy({"MKL_NUM_THREADS": "2"}) == 2
-    assert apply_thread_policy({"OMP_NUM_THREADS": ""}) == 1
-    assert apply_thread_policy({}) == 1
+def test_usable_cores_follow_affinity_and_the_cgroup_quota(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_max = tmp_path / "cpu.max"
+    cpu_max.write_text("max 100000\n")
+    assert cgroup_cores(cpu_max) is None
+    cpu_max.write_text("150000 100000\n")
+    assert cgroup_cores(cpu_max) == 1
+    cpu_max.write_text("400000 100000\n")
+    assert cgroup_cores(cpu_max) == 4
+    assert cgroup_cores(tmp_path / "missing") is None
+    monkeypatch.setattr(threads, "cgroup_cores", lambda: None)
+    assert threads.usable_cores() == len(os.sched_getaffinity(0))
+    monkeypatch.setattr(threads, "cgroup_cores", lambda: 1)
+    assert threads.usable_cores() == 1
 
 
-def test_the_command_line_runs_with_one_thread(two_threads: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`python -m cl_lightning fit …` (argv from the process) gets the policy; `main([...])` from a program keeps its
-    own `torch.set_num_threads`."""
+def test_the_entry_point_sets_the_policy_before_torch_starts() -> None:
+    """A fresh `python -m cl_lightning` process: torch runs the policy's threads; a user's setting wins."""
+    probe = (
+        "import sys, os; sys.argv = ['cl_lightning', 'validate', '--help'];"
+        "import cl_lightning.run.cli as c, torch;"
+        "c.main = lambda args=None: print(torch.get_num_threads(), os.environ.get('GOMP_SPINCOUNT'));"
+        "import cl_lightning.__main__ as m; m.main()"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "GOMP_SPINCOUNT")}
+    env.pop("OMP_WAIT_POLICY", None)
+    run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
+    # torch was imported by the probe before the policy ran, so only the environment is checked here
+    assert run.stdout.split()[-1] == str(SPIN_COUNT)
+    child = "import torch, os; print(torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'])"
+    env_policy = env | policy_environment(env)
+    out = subprocess.run([sys.executable, "-c", child], env=env_policy, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [str(threads.usable_cores()), str(SPIN_COUNT)]
+    pinned = env | {"OMP_NUM_THREADS": "1"} | policy_environment(env | {"OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-c", child], env=pinned, capture_output=True, text=True, check=True)
+    assert out.stdout.split()[0] == "1"
+
+
+def test_a_program_that_imports_the_package_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(cl_lightning.run.cli, "main", lambda args=None: seen.append(torch.get_num_threads()))
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cl_lightning.run.cli, "main", lambda args=None: seen.append(os.environ.get("GOMP_SPINCOUNT")))
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     entry.main(["validate", "--help"])
-    monkeypatch.setattr(sys, "argv", ["cl_lightning", "validate", "--help"])
-    entry.main()
-    assert seen == [2, 1]
+    assert seen == [None]
 
 
 def test_fit_help_says_the_thread_default(capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit):
         cl_lightning.run.cli.main(["fit", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "Threads: one" in out
+    assert "Threads: one per usable core" in out
     assert "OMP_NUM_THREADS=N" in out
 
 
@@ -54,3 +91,12 @@ def test_top_level_help_names_every_command_and_no_minute_demo(capsys: pytest.Ca
     out = " ".join(capsys.readouterr().out.split())
     assert out.startswith("usage: python -m cl_lightning {fit,validate,test,predict,sweep,report}")
     assert "about a minute" not in out
+
+
+def test_a_trial_keeps_the_thread_count_it_started_with() -> None:
+    from cl_lightning.study.trial_run import trial_threads
+
+    assert trial_threads({"threads": 2, "attempts": [{}]}, 1, {"OMP_NUM_THREADS": "4"}) == 2  # recorded: kept
+    assert trial_threads({"attempts": [{}]}, None, {}) == 1  # recorded before counts were: the one-thread default
+    assert trial_threads({}, 3, {}) == 3  # new, a sweep's cores per trial
+    assert trial_threads({}, None, {"OMP_NUM_THREADS": "5"}) == 5  # new: what the CLI would run

@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from cl_lightning.run.runfolder import RunInUse, hold, release
+from cl_lightning.run.threads import thread_count
 from cl_lightning.study.childproc import die_with_parent, wait_passing_signals
 from cl_lightning.study.suite import Trial
 
@@ -69,7 +70,8 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     Args:
         trial: The trial.
         root: Log root (absolute when the trial may run in another working directory, as on Ray).
-        threads: ``OMP_NUM_THREADS`` of the child (None: the environment's).
+        threads: ``OMP_NUM_THREADS`` of a new trial's child (None: the CLI's policy in this environment); an
+            unfinished trial keeps the count it started with (:func:`trial_threads`).
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
     log_dir = trial.log_dir(root)
@@ -109,8 +111,8 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
             stale.unlink()
     argv = [sys.executable, "-m", "cl_lightning", *trial.fit_args(root, ckpt)]
     env = dict(os.environ)
-    if threads:
-        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
+    threads = trial_threads(record, threads, env)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
     start = time.time()
     with open(log_dir / "fit.log", "a") as out:
         out.write(f"\n$ {' '.join(argv)}\n")
@@ -127,6 +129,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
         "peak_rss_bytes": usage.ru_maxrss * 1024,  # kilobytes on Linux
         "returncode": proc.returncode,
         "resumed_from": str(ckpt) if ckpt else None,
+        "threads": threads,
         "host": socket.gethostname(),
         "command": argv,
     }
@@ -137,12 +140,27 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     record = {
         **asdict(trial),
         "status": FINISHED if done else STOPPED if proc.returncode in _STOP_CODES else "unfinished",
+        "threads": threads,
         "last_task": last,
         "num_tasks": wanted,
         "attempts": [*record.get("attempts", []), attempt],
     }
     (log_dir / "trial.json").write_text(json.dumps(record, indent=1))
     return record
+
+
+def trial_threads(record: dict[str, Any], threads: int | None, environ: dict[str, str]) -> int:
+    """The intra-op threads of a trial's next attempt: the count it started with, whatever this sweep would choose.
+
+    The thread count changes how products sum, so an unfinished trial keeps it (``trial.json``'s ``threads``). A
+    trial recorded before counts were (its attempts ran under the one-thread default of #35) keeps one. A new trial
+    takes ``threads`` (a sweep's cores per trial), else what ``python -m cl_lightning`` would choose in ``environ``.
+    """
+    if "threads" in record:
+        return int(record["threads"])
+    if record.get("attempts"):
+        return 1
+    return threads or thread_count(environ)
 
 
 def _error_line(fit_log: Path) -> str:
