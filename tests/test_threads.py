@@ -1,4 +1,4 @@
-"""The command line's thread policy (#46): every usable core and a short OpenMP spin, unless the user set either."""
+"""The command line's thread policy (#35, #46): one thread unless the user sets a thread variable, set before torch."""
 
 from __future__ import annotations
 
@@ -12,23 +12,20 @@ import pytest
 import cl_lightning.__main__ as entry
 import cl_lightning.run.cli
 from cl_lightning.run import threads
-from cl_lightning.run.threads import SPIN_COUNT, apply_thread_policy, cgroup_cores, policy_environment, thread_count
+from cl_lightning.run.threads import apply_thread_policy, cgroup_cores, policy_environment, thread_count
 
 
-def test_policy_adds_only_what_the_user_left_unset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(threads, "usable_cores", lambda: 6)
-    assert policy_environment({}) == {"OMP_NUM_THREADS": "6", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
-    assert policy_environment({"OMP_NUM_THREADS": ""}) == {"OMP_NUM_THREADS": "6", "GOMP_SPINCOUNT": str(SPIN_COUNT)}
-    assert policy_environment({"OMP_NUM_THREADS": "2"}) == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
-    assert policy_environment({"MKL_NUM_THREADS": "3"}) == {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
-    assert policy_environment({"OMP_WAIT_POLICY": "PASSIVE"}) == {"OMP_NUM_THREADS": "6"}
-    assert policy_environment({"GOMP_SPINCOUNT": "0", "OMP_NUM_THREADS": "1"}) == {}
+def test_policy_adds_only_what_the_user_left_unset() -> None:
+    assert policy_environment({}) == {"OMP_NUM_THREADS": "1"}
+    assert policy_environment({"OMP_NUM_THREADS": ""}) == {"OMP_NUM_THREADS": "1"}
+    assert policy_environment({"OMP_NUM_THREADS": "2"}) == {}
+    assert policy_environment({"MKL_NUM_THREADS": "3"}) == {}
     environ = {"OMP_WAIT_POLICY": "ACTIVE"}
-    assert apply_thread_policy(environ) == {"OMP_NUM_THREADS": "6"}
-    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "6"}
+    assert apply_thread_policy(environ) == {"OMP_NUM_THREADS": "1"}
+    assert environ == {"OMP_WAIT_POLICY": "ACTIVE", "OMP_NUM_THREADS": "1"}
     assert thread_count({"OMP_NUM_THREADS": "3"}) == 3
     assert thread_count({"MKL_NUM_THREADS": "4"}) == 4
-    assert thread_count({}) == 6
+    assert thread_count({}) == 1
 
 
 def test_usable_cores_follow_affinity_and_the_cgroup_quota(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -47,32 +44,27 @@ def test_usable_cores_follow_affinity_and_the_cgroup_quota(tmp_path: Path, monke
 
 
 def test_the_entry_point_sets_the_policy_before_torch_starts() -> None:
-    """A fresh `python -m cl_lightning` process: torch runs the policy's threads; a user's setting wins."""
-    probe = (
-        "import sys, os; sys.argv = ['cl_lightning', 'validate', '--help'];"
-        "import cl_lightning.run.cli as c, torch;"
-        "c.main = lambda args=None: print(torch.get_num_threads(), os.environ.get('GOMP_SPINCOUNT'));"
+    """A fresh `python -m cl_lightning` process: the policy is in the environment before torch is imported."""
+    probe = (  # the CLI replaced by a module that imports torch only when called
+        "import sys, types; sys.argv = ['cl_lightning', 'validate', '--help'];"
+        "cli = types.ModuleType('cl_lightning.run.cli'); sys.modules['cl_lightning.run.cli'] = cli;"
+        "exec('def main(args=None):\\n import torch\\n print(torch.get_num_threads())', cli.__dict__);"
         "import cl_lightning.__main__ as m; m.main()"
     )
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "GOMP_SPINCOUNT")}
-    env.pop("OMP_WAIT_POLICY", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     run = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    # torch was imported by the probe before the policy ran, so only the environment is checked here
-    assert run.stdout.split()[-1] == str(SPIN_COUNT)
-    child = "import torch, os; print(torch.get_num_threads(), os.environ['GOMP_SPINCOUNT'])"
-    env_policy = env | policy_environment(env)
-    out = subprocess.run([sys.executable, "-c", child], env=env_policy, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == [str(threads.usable_cores()), str(SPIN_COUNT)]
-    pinned = env | {"OMP_NUM_THREADS": "1"} | policy_environment(env | {"OMP_NUM_THREADS": "1"})
-    out = subprocess.run([sys.executable, "-c", child], env=pinned, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[0] == "1"
+    assert run.stdout.split()[-1] == "1"
+    pinned = subprocess.run(
+        [sys.executable, "-c", probe], env=env | {"OMP_NUM_THREADS": "2"}, capture_output=True, text=True, check=True
+    )
+    assert pinned.stdout.split()[-1] == "2"
 
 
 def test_a_program_that_imports_the_package_keeps_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(cl_lightning.run.cli, "main", lambda args=None: seen.append(os.environ.get("GOMP_SPINCOUNT")))
-    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setattr(cl_lightning.run.cli, "main", lambda args=None: seen.append(os.environ.get("OMP_NUM_THREADS")))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     entry.main(["validate", "--help"])
     assert seen == [None]
 
@@ -81,7 +73,7 @@ def test_fit_help_says_the_thread_default(capsys: pytest.CaptureFixture) -> None
     with pytest.raises(SystemExit):
         cl_lightning.run.cli.main(["fit", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "Threads: one per usable core" in out
+    assert "Threads: one" in out
     assert "OMP_NUM_THREADS=N" in out
 
 

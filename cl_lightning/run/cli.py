@@ -57,8 +57,8 @@ DESCRIPTION = (
 )
 USAGE = "python -m cl_lightning {fit,validate,test,predict,sweep,report} ... (a command's --help: its options)"
 FIT_DESCRIPTION = (
-    "Train a learner on a stream, one epoch per task. Threads: one per usable core, waiting briefly before they "
-    "sleep; the numbers depend on the count: OMP_NUM_THREADS=N before the command pins N."
+    "Train a learner on a stream, one epoch per task. Threads: one (fast for the small networks of the CPU streams, "
+    "above all on a machine with other work); OMP_NUM_THREADS=N before the command sets N."
 )
 
 SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"

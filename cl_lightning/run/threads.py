@@ -1,16 +1,12 @@
-"""The command line's thread policy: every core the process may use, and OpenMP threads that wait briefly.
+"""The command line's thread policy: one intra-op thread unless the user sets a thread variable.
 
-With no thread variable set, ``python -m cl_lightning`` runs one intra-op thread per usable core (its CPU affinity,
-capped by a cgroup CPU quota: :func:`usable_cores`), and with no waiting variable set, OpenMP's waiting threads spin
-for :data:`SPIN_COUNT` rounds before they sleep. torch's CPU build uses GNU OpenMP, whose idle threads spin for
-300,000 rounds by default: on an idle machine that keeps the next parallel region cheap, on a busy one a spinning
-thread burns the time slice its partner needs (two spinning threads on two busy cores ran 5-10x slower than one). A
-short spin keeps the first and avoids the second (docs/results/threads.md measures the four cases).
-
-Both are environment variables read when OpenMP starts, i.e. when torch is imported, so the entry point
-(:mod:`cl_lightning.__main__`) applies the policy before anything imports torch. A program that imports the package
-keeps its own settings, and any ``OMP_*`` / ``MKL_*`` / ``GOMP_*`` setting of the user's wins over the policy.
-The thread count changes the order in which products sum, so a run's numbers depend on it (and on it only):
+Set before torch is imported (the entry point, :mod:`cl_lightning.__main__`, applies it first), so OpenMP starts
+with it. Measured on a 2-core machine (docs/results/threads.md), one thread per usable core (:func:`usable_cores`)
+runs the CPU demo 1.4x faster than one thread when the machine is idle and 1.3-6x slower beside two busy processes,
+whatever OpenMP's waiting (spinning, passive, or 100,000 spins then sleep); one thread is never far from the best
+on a busy machine, so it stays the default until a policy serves both (#46). A program that imports the package keeps
+its own settings, and any ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / waiting setting of the user's wins. The thread
+count changes the order in which products sum, so a run's numbers depend on it (and on it only):
 ``OMP_NUM_THREADS=N`` pins it. A sweep records each trial's count and resumes it with the same one.
 """
 
@@ -22,7 +18,7 @@ from pathlib import Path
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-SPIN_COUNT = 100_000  # GNU OpenMP's spin rounds before a waiting thread sleeps (its default: 300,000)
+DEFAULT_THREADS = 1
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
@@ -49,18 +45,10 @@ def usable_cores() -> int:
 
 
 def policy_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """The variables the policy would add to ``environ`` (default: this process's): none the user has set.
-
-    The thread count when neither ``OMP_NUM_THREADS`` nor ``MKL_NUM_THREADS`` is set; the spin count when neither
-    ``OMP_WAIT_POLICY`` nor ``GOMP_SPINCOUNT`` is.
-    """
+    """The variables the policy would add to ``environ`` (default: this process's): ``OMP_NUM_THREADS`` of
+    :data:`DEFAULT_THREADS` when neither ``OMP_NUM_THREADS`` nor ``MKL_NUM_THREADS`` is set, else nothing."""
     environ = os.environ if environ is None else environ
-    added: dict[str, str] = {}
-    if not _is_set(environ, THREAD_VARIABLES):
-        added["OMP_NUM_THREADS"] = str(usable_cores())
-    if not _is_set(environ, WAIT_VARIABLES):
-        added["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
-    return added
+    return {} if _is_set(environ, THREAD_VARIABLES) else {"OMP_NUM_THREADS": str(DEFAULT_THREADS)}
 
 
 def apply_thread_policy(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -82,4 +70,4 @@ def thread_count(environ: MutableMapping[str, str] | None = None) -> int:
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    return usable_cores()
+    return DEFAULT_THREADS
