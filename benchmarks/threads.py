@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
-from cl_lightning.run.threads import THREAD_VARIABLES, WAIT_VARIABLES, usable_cores
+from cl_lightning.run.threads import THREAD_VARIABLES
 
 WORKLOADS = {  # the README's two commands
     "demo": ["configs/qoa_pmnist.yaml", "configs/quick_demo.yaml", "configs/quick_qoa.yaml"],
     "paper": ["configs/qoa_pmnist.yaml"],
 }
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # OpenMP's waiting, cleared before each variant sets its own
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 SMALL = [  # --small: the demo's code path on tiny tasks
     "--data.stream.init_args.train_size=400",
     "--data.stream.init_args.query_size=100",
@@ -47,6 +49,24 @@ SMALL = [  # --small: the demo's code path on tiny tasks
     "--callbacks.hessian=null",
     "--callbacks.plasticity=null",
 ]
+
+
+def cgroup_cores(path: Path = CGROUP_CPU_MAX) -> int | None:
+    """Whole cores a cgroup v2 CPU quota grants (``cpu.max``: quota and period in µs); None without a quota."""
+    try:
+        quota, period = path.read_text().split()[:2]
+    except (OSError, ValueError):
+        return None
+    if quota == "max":
+        return None
+    return max(1, int(quota) // int(period))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_cores()
+    return max(1, min(affinity, quota) if quota else affinity)
 
 
 def variant_environments(spins: Sequence[int] = ()) -> dict[str, dict[str, str]]:

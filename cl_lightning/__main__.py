@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         if argv is None and command == "fit":  # the process's entry point: a signal has a defined outcome until exit
             process_signals.watch()
-        if argv is None:  # the process's entry point, before torch starts OpenMP: threads and waiting
+        if argv is None:  # the process's entry point, before torch starts OpenMP: its thread count
             from cl_lightning.run.threads import apply_thread_policy
 
             apply_thread_policy()

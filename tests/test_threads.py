@@ -11,8 +11,9 @@ import pytest
 
 import cl_lightning.__main__ as entry
 import cl_lightning.run.cli
-from cl_lightning.run import threads
-from cl_lightning.run.threads import apply_thread_policy, cgroup_cores, policy_environment, thread_count
+from benchmarks import threads
+from benchmarks.threads import cgroup_cores
+from cl_lightning.run.threads import apply_thread_policy, policy_environment, thread_count
 
 
 def test_policy_adds_only_what_the_user_left_unset() -> None:

@@ -1,11 +1,11 @@
 """The command line's thread policy: one intra-op thread unless the user sets a thread variable.
 
 Set before torch is imported (the entry point, :mod:`cl_lightning.__main__`, applies it first), so OpenMP starts
-with it. Measured on a 2-core machine (docs/results/threads.md), one thread per usable core (:func:`usable_cores`)
+with it. Measured on a 2-core machine (docs/results/threads.md), one thread per usable core
 runs the CPU demo 1.4x faster than one thread when the machine is idle and 1.3-6x slower beside two busy processes,
 whatever OpenMP's waiting (spinning, passive, or 100,000 spins then sleep); one thread is never far from the best
 on a busy machine, so it stays the default until a policy serves both (#46). A program that imports the package keeps
-its own settings, and any ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` / waiting setting of the user's wins. The thread
+its own settings, and an ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` setting of the user's wins. The thread
 count changes the order in which products sum, so a run's numbers depend on it (and on it only):
 ``OMP_NUM_THREADS=N`` pins it. A sweep records each trial's count and resumes it with the same one.
 """
@@ -14,34 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping
-from pathlib import Path
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 DEFAULT_THREADS = 1
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 
 def _is_set(environ: MutableMapping[str, str], names: tuple[str, ...]) -> bool:
     return any(environ.get(name, "").strip() for name in names)
-
-
-def cgroup_cores(path: Path = CGROUP_CPU_MAX) -> int | None:
-    """Whole cores a cgroup v2 CPU quota grants (``cpu.max``: quota and period in µs); None without a quota."""
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return max(1, int(quota) // int(period))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = cgroup_cores()
-    return max(1, min(affinity, quota) if quota else affinity)
 
 
 def policy_environment(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -64,10 +43,9 @@ def apply_thread_policy(environ: MutableMapping[str, str] | None = None) -> dict
 
 
 def thread_count(environ: MutableMapping[str, str] | None = None) -> int:
-    """The intra-op threads a ``python -m cl_lightning`` child started with ``environ`` runs."""
+    """The intra-op threads a ``python -m cl_lightning`` child started with ``environ`` runs: the first thread
+    variable set, in ``environ`` or by the policy."""
     environ = os.environ if environ is None else environ
-    for name in THREAD_VARIABLES:
-        value = environ.get(name, "").strip()
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return DEFAULT_THREADS
+    merged = {**environ, **policy_environment(environ)}
+    values = (merged.get(name, "").strip() for name in THREAD_VARIABLES)
+    return next((int(v) for v in values if v.isdigit() and int(v) > 0), DEFAULT_THREADS)
