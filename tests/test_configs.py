@@ -161,3 +161,29 @@ def test_expand_includes_orders_fragments_first_and_once(tmp_path: Path) -> None
     args = expand_includes(["fit", f"--config={tmp_path / 'exp.yaml'}", "--trainer.devices=1"])
     chain = [tmp_path / "base.yaml", tmp_path / "sub" / "x.yaml", tmp_path / "exp.yaml"]  # base.yaml once
     assert args == ["fit", *(a for p in chain for a in ("--config", str(p))), "--trainer.devices=1"]
+
+
+def test_the_rescaled_overlay_changes_the_stream_class_and_nothing_else() -> None:
+    """configs/data/pmnist_rescaled.yaml on a paper config: the same sizes, seed and warm-up, tasks rescaled."""
+    base = resolved(CONFIGS / "qoa_pmnist.yaml", CONFIGS / "paper/pmnist_warmup.yaml")
+    rescaled = resolved(
+        CONFIGS / "qoa_pmnist.yaml", CONFIGS / "paper/pmnist_warmup.yaml", CONFIGS / "data/pmnist_rescaled.yaml"
+    )
+    stream = rescaled["data"]["stream"]
+    assert stream["class_path"] == "cl_lightning.data.RescaledPermutedMNIST"
+    assert stream["init_args"].pop("gain_spread") == 1.0
+    assert stream["init_args"] == base["data"]["stream"]["init_args"]
+    rescaled["data"]["stream"] = base["data"]["stream"]
+    assert rescaled == base
+
+
+@pytest.mark.parametrize("config", ["knn_tuned_pmnist.yaml", "knn_tuned_scr.yaml"])
+def test_tuned_knn_configs_pick_from_the_stated_grid_on_warm_up_tasks(config: str) -> None:
+    model = resolved(CONFIGS / config)["model"]["init_args"]
+    assert model["select"] == {
+        "k": [1, 3, 5, 10, 20, 50],
+        "weighting": ["inverse", "gaussian"],
+        "standardised": [False, True],
+        "queries_per_task": 2000,
+    }
+    assert resolved(CONFIGS / config)["data"]["stream"]["init_args"]["warmup_tasks"] == 5

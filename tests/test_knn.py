@@ -9,7 +9,7 @@ from helpers import KNN as KNN_ARGS
 from helpers import assert_checkpoint_round_trip, assert_resume_equals_uninterrupted, fit
 
 from cl_lightning.learners import KNN
-from cl_lightning.learners.knn import knn_predict
+from cl_lightning.learners.knn import Kernel, KernelGrid, knn_predict
 
 TINY = KNN_ARGS
 
@@ -118,3 +118,85 @@ def test_an_untrained_knn_is_blind_to_the_pixel_permutation_of_permuted_mnist() 
     torch.testing.assert_close(permuted, plain, rtol=0, atol=1e-4)
     # and it is right about 87 % of the time with no training: the paper's final QOA V1 (0.865, after 7,500 tasks)
     assert int((permuted.argmax(1) == episode.query_y).sum()) == 1748  # of 2,000: 0.874
+
+
+SELECT = [
+    *KNN_ARGS,
+    '--model.select={"k": [1, 5, null], "queries_per_task": 100}',
+    "--data.stream.warmup_tasks=2",
+    "--data.stream.noise=1.5",
+]
+
+
+def test_kernel_grid_lists_its_kernels_in_tie_breaking_order() -> None:
+    kernels = KernelGrid().kernels()
+    assert len(kernels) == 24
+    assert len(set(kernels)) == 24
+    assert kernels[0] == Kernel(1, "inverse", False)
+    assert kernels[-1] == Kernel(50, "gaussian", True)
+    assert str(Kernel(None, "inverse", True)) == "k=all, inverse weights, standardised inputs"
+    with pytest.raises(ValueError, match="k of a KernelGrid"):
+        KernelGrid(k=[0])
+
+
+def test_standardised_knn_ignores_a_per_feature_gain_and_drops_constant_features() -> None:
+    """z-scoring by the supports' statistics undoes any positive per-feature gain and offset exactly (up to
+    rounding); a feature constant over the supports (a black border pixel) is dropped, however the query sets it."""
+    rng = np.random.default_rng(2)
+    qx, sx, sy = rng.normal(size=(9, 6)), rng.normal(size=(40, 6)), np.eye(3)[rng.integers(0, 3, 40)]
+    gain, offset = np.exp(2.0 * rng.normal(size=6)), rng.normal(size=6)
+    q, s, y = (torch.from_numpy(a) for a in (qx, sx, sy))
+    plain = knn_predict(q, s, y, 5, "inverse", standardised=True)
+    scaled = knn_predict(q * torch.from_numpy(gain) + torch.from_numpy(offset), s * torch.from_numpy(gain), y, 5,
+                         "inverse", standardised=True)  # fmt: skip
+    assert not torch.allclose(plain, scaled)  # the offset moved the queries alone: a different answer ...
+    scaled = knn_predict(*(t * torch.from_numpy(gain) + torch.from_numpy(offset) for t in (q, s)), y, 5, "inverse",
+                         standardised=True)  # fmt: skip
+    torch.testing.assert_close(plain, scaled, rtol=1e-9, atol=1e-12)  # ... the same one to both: none
+    s_const, q_const = s.clone(), q.clone()
+    s_const[:, 0], q_const[:, 0] = 0.0, 1e6  # constant over the supports: the queries' value must not matter
+    dropped = knn_predict(q_const, s_const, y, 5, "inverse", standardised=True)
+    torch.testing.assert_close(dropped, knn_predict(q[:, 1:], s[:, 1:], y, 5, "inverse", standardised=True))
+
+
+def test_the_kernel_is_chosen_on_the_warm_up_tasks_and_served_after(tmp_path: Path) -> None:
+    """The grid's scores equal a hand computation over the warm-up tasks' first 64 (supports) and next 100
+    examples (queries); the best serves every evaluated task and is logged; no evaluated task takes part."""
+    cli = fit(tmp_path, SELECT)
+    model, data = cli.model, cli.datamodule
+    kernels = model.select.kernels()
+    assert len(kernels) == 12
+    assert int(model.kernel_choice) >= 0
+    expected = torch.zeros(len(kernels), dtype=torch.float64)
+    for task in range(2):  # the stream's two warm-up tasks, regenerated from (seed, task)
+        x, y = _first(data, task, 164)
+        for i, (k, weighting, standardised) in enumerate(kernels):
+            votes = knn_predict(x[64:164], x[:64], torch.eye(4)[y[:64]], k, weighting, standardised=standardised)
+            expected[i] += (votes.argmax(1) == y[64:164]).double().mean() / 2
+    torch.testing.assert_close(model.selection_scores, expected)
+    best = int(expected.argmax())
+    assert int(model.kernel_choice) == best
+    assert model.kernel == kernels[best]
+    assert expected.max() - expected.min() > 0.02  # the grid's kernels differ on this noisy stream: a real choice
+    m = cli.trainer.callback_metrics
+    assert float(m["knn/k"]) == float(kernels[best].k or 0)
+    assert float(m["knn/selection_score"]) == pytest.approx(float(expected[best]))
+    assert m["eval/forward_acc"] > 0.25 + 0.2
+
+
+def _first(data, task: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Epoch ``task``'s first ``n`` examples in arrival order."""
+    batches = list(data.task_batches(task, n))
+    return torch.cat([b.x for b in batches]), torch.cat([b.y for b in batches])
+
+
+def test_a_chosen_kernel_survives_a_checkpoint(tmp_path: Path) -> None:
+    assert_checkpoint_round_trip(tmp_path, SELECT, KNN)
+    loaded = KNN.load_from_checkpoint(next((tmp_path / "ckpt").glob("*.ckpt")))
+    assert int(loaded.kernel_choice) >= 0
+    assert loaded.kernel == loaded.select.kernels()[int(loaded.kernel_choice)]
+
+
+def test_selection_without_warm_up_tasks_says_what_to_set(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="warmup_tasks"):
+        fit(tmp_path, [*SELECT, "--data.stream.warmup_tasks=0"])

@@ -2,7 +2,7 @@
 
 from cl_lightning.data.associative_recall import AssociativeRecall
 from cl_lightning.data.datamodule import StreamDataModule
-from cl_lightning.data.permuted_mnist import PermutedMNIST
+from cl_lightning.data.permuted_mnist import PermutedMNIST, RescaledPermutedMNIST
 from cl_lightning.data.slowly_changing_regression import SlowlyChangingRegression
 from cl_lightning.data.split_images import SplitImages, SplitMNIST, SplitTinyImageNet
 from cl_lightning.data.stream import TaskData, TaskStream
@@ -11,6 +11,7 @@ from cl_lightning.data.synthetic import SyntheticClasses
 __all__ = [
     "AssociativeRecall",
     "PermutedMNIST",
+    "RescaledPermutedMNIST",
     "SlowlyChangingRegression",
     "SplitImages",
     "SplitMNIST",

@@ -1,11 +1,18 @@
-"""Permuted MNIST, as the query-only attention paper runs it (docs/protocol.md §4).
+"""Permuted MNIST, as the query-only attention paper runs it (docs/protocol.md §4), and a variant that is not an
+isometry.
 
 MNIST training images resized to ``image_size``² (7×7 by default, PIL-style bilinear) in [0, 1], flattened; each
 task draws a new pixel permutation and a new order of the 60,000 images: the first ``train_size`` form the
 training stream (chunks of ``chunk_size``), the last ``query_size`` are held out as that task's queries.
+
+A permutation keeps Euclidean distances, so a fixed-metric kNN scores the same on every Permuted-MNIST task: the
+stream is the kindest there is to a fixed metric. :class:`RescaledPermutedMNIST` also multiplies each pixel by a
+random per-task gain, an invertible map (nothing is lost to a learner) that reweights the distances.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -86,8 +93,42 @@ class PermutedMNIST(TaskStream):
         """Permute the pixels, reshuffle the 60,000 images, split into training stream and held-out queries."""
         images, labels = self._load()
         idx_train, idx_query = self.split_indices(task)
-        perm = self.permutation(task)
-        images = images.index_select(1, perm)  # the pixels permuted (index_select: ~7x faster than [:, perm])
+        images = self.pixel_map(task, images)
         x_train = images.index_select(0, idx_train)  # (n_train, D)
         x_query = images.index_select(0, idx_query)  # (n_query, D)
         return TaskData(x_train, labels[idx_train], x_query, labels[idx_query])
+
+    def pixel_map(self, task: int, images: Tensor) -> Tensor:
+        """``task``'s map of flat images ``(N, D)``: its pixel permutation."""
+        return images.index_select(1, self.permutation(task))  # index_select: ~7x faster than [:, perm]
+
+
+class RescaledPermutedMNIST(PermutedMNIST):
+    """Permuted MNIST whose tasks also rescale every pixel: ``x'_i = g_i · x_{π(i)}``, ``g_i = exp(σ z_i)``,
+    ``z_i ~ N(0, 1)`` drawn afresh per task (per map, with ``recur_every``), like the permutation ``π``.
+
+    The map is invertible (every gain is positive), so each task holds exactly Permuted MNIST's information: a
+    learner that fits the task's own data loses nothing. But it is not an isometry: a few high-gain pixels dominate
+    Euclidean distance, and which ones changes every task, so no fixed metric suits every task. kNN on the images
+    before the map (Permuted MNIST's kNN, whose score the permutation leaves unchanged) is what a metric that
+    undid each task's gains would reach: the ceiling.
+
+    Args:
+        gain_spread: ``σ``, the gains' log-standard deviation (1.0: about 95 % of gains in [0.14, 7.1]).
+        **kwargs: :class:`PermutedMNIST`'s.
+    """
+
+    def __init__(self, *, gain_spread: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if gain_spread < 0:
+            raise ValueError(f"gain_spread must be >= 0, got {gain_spread}")
+        self.gain_spread = gain_spread
+
+    def gains(self, task: int) -> Tensor:
+        """The per-pixel gains ``(D,)`` of ``task`` (after its permutation), a pure function of ``(seed, map)``."""
+        z = torch.randn(self.input_shape[0], generator=task_generator(self.seed, self.map_of(task), salt=3))
+        return (self.gain_spread * z).exp()
+
+    def pixel_map(self, task: int, images: Tensor) -> Tensor:
+        """``task``'s permutation, then its gains."""
+        return super().pixel_map(task, images) * self.gains(task)
