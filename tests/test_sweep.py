@@ -109,6 +109,14 @@ def test_an_experiment_named_by_a_number_keeps_its_label_and_paper_key(tmp_path:
         ({"seeds": [0], "experiments": {"a": {"args": []}}}, "configs"),
         ({"seeds": [0], "experiment": {}}, r"unknown key 'experiment' \(did you mean 'experiments'\?\)"),
         ({"seeds": [0], "experiments": {"a": {"configs": ["missing.yaml"]}}}, "not found"),
+        (
+            {
+                "seeds": [0],
+                "experiments": {"a": {"configs": ["x.yaml"], "kernel": "knm"}, "knn": {"configs": ["x.yaml"]}},
+            },
+            r"`kernel` names another experiment of this suite, not 'knm' \(did you mean 'knn'\?\)",
+        ),
+        ({"seeds": [0], "experiments": {"a": {"configs": ["x.yaml"], "kernel": "a"}}}, "not 'a'"),
     ],
 )
 def test_bad_suites_are_clear_errors(tmp_path: Path, spec: dict, message: str) -> None:

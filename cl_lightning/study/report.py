@@ -22,6 +22,7 @@ import yaml
 from cl_lightning.contract import EvalSlot, metric_key, online_key
 from cl_lightning.errors import OneLineParser, UsageError
 from cl_lightning.study.report_budget import write_budget
+from cl_lightning.study.report_pairs import write_pairs
 from cl_lightning.study.report_reuse import write_reuse
 from cl_lightning.study.report_tables import block_table, window_table, write_table
 from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
@@ -240,6 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=100,
         help="tasks per block of table.md's per-block table, for runs without the paper's windows (0: no table)",
     )
+    p.add_argument(
+        "--pairs",
+        help="also write the suite's learned-against-fixed pairs into this CSV, which gathers several suites "
+        "(e.g. docs/results/learned_vs_fixed/pairs.csv; the suite's earlier rows there are replaced)",
+    )
     opts = p.parse_args(argv)
     if opts.block < 0:
         p.error(f"--block must be 0 (no per-block table) or a number of tasks, not {opts.block}")
@@ -263,12 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     window = window_table(experiments, paper, out)
     budget = write_budget(suite_dir, experiments, meta, out)
     reuse = write_reuse(experiments, out)
-    sections = (window, block_table(experiments, paper, opts.block), budget, reuse)
+    pairs = write_pairs(experiments, meta, suite_dir, out, Path(opts.pairs) if opts.pairs else None)
+    sections = (window, block_table(experiments, paper, opts.block), budget, reuse, pairs)
     text = write_table(rows, out) + "".join("\n" + t for t in sections if t)
     (out / "table.md").write_text(text)
     windows = ["windows.csv"] if window else []
     windows += [f for f in ("budget.md", "budget.json", "budget.png") if budget and (out / f).exists()]
     windows += ["reuse.md", "reuse.json"] if reuse else []
+    windows += ["pairs.csv"] if pairs else []
     figures = write_figures(experiments, out, paper, chance_level(experiments, meta))
     print(text)
     print("wrote " + ", ".join(str(out / f) for f in ["table.md", "table.csv", *windows, "departures.md", *figures]))

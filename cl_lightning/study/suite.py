@@ -14,9 +14,11 @@ extra command-line arguments) and the seeds to run them with::
         args: []
         paper_config: [configs/bp_pmnist.yaml]   # optional; default: the first of `configs`
         budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
+        kernel: knn_tuned        # optional: the experiment of the fixed kernel at this learner's support
 
 ``report`` compares each trial with its ``paper_config`` (:mod:`cl_lightning.study.departures`); a ``budget``
-makes the suite a budget study (:mod:`cl_lightning.study.report_budget`). Each (experiment, seed) is a :class:`Trial`.
+makes the suite a budget study (:mod:`cl_lightning.study.report_budget`); a ``kernel`` pairs the learner with a
+fixed kernel (:mod:`cl_lightning.study.report_pairs`). Each (experiment, seed) is a :class:`Trial`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 from cl_lightning.errors import UsageError, did_you_mean, key_lines, load_yaml
 
 SUITE_KEYS = ("name", "seeds", "benchmark", "args", "experiments")
-EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget")
+EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget", "kernel")
 
 
 def config_args(files: Sequence[str]) -> list[str]:
@@ -83,6 +85,7 @@ class Suite:
     published: dict[str, str] = field(default_factory=dict)
     paper_configs: dict[str, list[str]] = field(default_factory=dict)
     budgets: dict[str, int] = field(default_factory=dict)
+    kernels: dict[str, str] = field(default_factory=dict)
 
     def summary(self, source: str | Path) -> dict[str, Any]:
         """What the report reads from ``<suite folder>/suite.yaml``: experiments in order, labels, paper keys."""
@@ -96,6 +99,7 @@ class Suite:
             "published": dict(self.published),
             "paper_configs": {name: list(files) for name, files in self.paper_configs.items()},
             **({"budgets": dict(self.budgets)} if self.budgets else {}),
+            **({"kernels": dict(self.kernels)} if self.kernels else {}),
         }
 
 
@@ -172,26 +176,42 @@ def load_suite(path: str | Path) -> Suite:
     common = _str_list(spec.get("args"), where("args"), "args")
     suite = Suite(name=name, trials=[], benchmark=spec.get("benchmark"))
     for exp, entry in experiments.items():
-        if isinstance(entry, dict):
-            _unknown(entry, EXPERIMENT_KEYS, where, "experiments", str(exp))
-        if not isinstance(entry, dict) or not entry.get("configs"):
-            at = where("experiments", str(exp))
-            raise UsageError(f"{at}: experiment {exp!r} needs `configs: [experiment config, overlays...]`")
-        at = where("experiments", str(exp), "configs")
-        configs = tuple(_resolve(c, at, path) for c in _str_list(entry["configs"], at, f"{exp}.configs"))
-        args = tuple(common + _str_list(entry.get("args"), where("experiments", str(exp), "args"), f"{exp}.args"))
-        paper = entry.get("paper_config") or list(configs[:1])
-        paper = [paper] if isinstance(paper, str) else paper
-        at = where("experiments", str(exp), "paper_config")
-        suite.paper_configs[str(exp)] = [_resolve(c, at, path) for c in _str_list(paper, at, f"{exp}.paper_config")]
-        suite.labels[str(exp)] = str(entry.get("label") or exp)
-        if entry.get("published"):
-            suite.published[str(exp)] = str(entry["published"])
-        if "budget" in entry:
-            budget = entry["budget"]
-            if type(budget) is not int or budget < 1:
-                at = where("experiments", str(exp), "budget")
-                raise UsageError(f"{at}: `budget` must be bytes (> 0), got {budget!r}")
-            suite.budgets[str(exp)] = budget
-        suite.trials += [Trial(name, str(exp), seed, configs, args) for seed in seeds]
+        _add_experiment(suite, str(exp), entry, common, seeds, where, path)
+    for exp, kernel in suite.kernels.items():
+        if kernel not in suite.labels or kernel == exp:
+            hint = did_you_mean(kernel, list(suite.labels))
+            raise UsageError(
+                f"{where('experiments', exp, 'kernel')}: `kernel` names another experiment of this suite, not "
+                f"{kernel!r}{hint}"
+            )
     return suite
+
+
+def _add_experiment(
+    suite: Suite, exp: str, entry: Any, common: list[str], seeds: list[int], where: _Where, path: Path
+) -> None:
+    """Check one experiment's entry and add its trials and report keys to ``suite``."""
+    if isinstance(entry, dict):
+        _unknown(entry, EXPERIMENT_KEYS, where, "experiments", exp)
+    if not isinstance(entry, dict) or not entry.get("configs"):
+        raise UsageError(
+            f"{where('experiments', exp)}: experiment {exp!r} needs `configs: [experiment config, overlays...]`"
+        )
+    at = where("experiments", exp, "configs")
+    configs = tuple(_resolve(c, at, path) for c in _str_list(entry["configs"], at, f"{exp}.configs"))
+    args = tuple(common + _str_list(entry.get("args"), where("experiments", exp, "args"), f"{exp}.args"))
+    paper = entry.get("paper_config") or list(configs[:1])
+    paper = [paper] if isinstance(paper, str) else paper
+    at = where("experiments", exp, "paper_config")
+    suite.paper_configs[exp] = [_resolve(c, at, path) for c in _str_list(paper, at, f"{exp}.paper_config")]
+    suite.labels[exp] = str(entry.get("label") or exp)
+    if entry.get("published"):
+        suite.published[exp] = str(entry["published"])
+    if "budget" in entry:
+        budget = entry["budget"]
+        if type(budget) is not int or budget < 1:
+            raise UsageError(f"{where('experiments', exp, 'budget')}: `budget` must be bytes (> 0), got {budget!r}")
+        suite.budgets[exp] = budget
+    if "kernel" in entry:
+        suite.kernels[exp] = str(entry["kernel"])
+    suite.trials += [Trial(suite.name, exp, seed, configs, args) for seed in seeds]
