@@ -152,3 +152,16 @@ def test_the_gains_cost_a_fixed_metric_what_the_permutation_does_not() -> None:
     assert accuracy(r.context_x, r.query_x, r) < 0.874 - 0.1
     g = rescaled.gains(1)
     assert accuracy(r.context_x / g, r.query_x / g, r) == 0.874
+
+
+def test_the_probe_set_spreads_over_probe_span_tasks() -> None:
+    from cl_lightning.data import StreamDataModule
+
+    def probes(**kwargs: int) -> list[int]:
+        return StreamDataModule(SyntheticClasses(num_tasks=30), num_probe_tasks=4, **kwargs).probe_tasks
+
+    assert probes() == [0, 10, 19, 29]
+    assert probes(probe_span=10) == [0, 3, 6, 9]  # a run planned for 10 tasks and extended to 30 keeps its set
+    assert probes(probe_span=100) == [0, 10, 19, 29]
+    with pytest.raises(ValueError, match="probe_span"):
+        probes(probe_span=0)

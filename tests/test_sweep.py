@@ -16,6 +16,7 @@ import torch
 import yaml
 from helpers import CONFIGS, ROOT
 
+from cl_lightning.errors import UsageError
 from cl_lightning.run.cli import main as cli_main
 from cl_lightning.study import sweep
 from cl_lightning.study.report import per_task, published_numbers, read_scalars
@@ -372,3 +373,33 @@ def test_a_trial_process_dies_with_its_sweep() -> None:
     while status.exists() and "State:\tZ" not in status.read_text() and time.time() < deadline:
         time.sleep(0.05)
     assert not status.exists() or "State:\tZ" in status.read_text()  # gone, or dead and waiting to be reaped
+
+
+def test_a_finished_trial_is_extended_when_its_suite_asks_for_more_tasks(tmp_path: Path) -> None:
+    """A finished trial that kept its checkpoint runs on to the longer stream its suite now asks for; with its
+    probe set pinned (probe_span) the extended run's curves equal an uninterrupted run of the longer stream."""
+    suite = _suite(tmp_path, [0], tasks=3, experiments=("a",))
+    spec = yaml.safe_load(suite.read_text())
+    spec["experiments"]["a"]["args"] = ["--data.stream.init_args.num_tasks=3", "--data.probe_span=3"]
+    suite.write_text(yaml.safe_dump(spec))
+    root = tmp_path / "logs"
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    d = root / "toy" / "a" / "seed_0"
+    assert json.loads((d / "trial.json").read_text())["num_tasks"] == 3
+    spec["experiments"]["a"]["args"][0] = "--data.stream.init_args.num_tasks=6"
+    suite.write_text(yaml.safe_dump(spec))
+    (trial,) = load_suite(suite).trials
+    assert trial_state(trial, root) == "extend"
+    assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
+    record = json.loads((d / "trial.json").read_text())
+    assert (record["status"], record["num_tasks"], record["last_task"]) == (FINISHED, 6, 5)
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    run_sequential([trial], str(tmp_path / "straight"))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc", "eval/acc_matrix/task_2"):
+        np.testing.assert_array_equal(_curve_n(d, tag, 6), _curve_n(trial.log_dir(tmp_path / "straight"), tag, 6))
+    for ckpt in (d / "checkpoints").iterdir():  # a finished trial without its checkpoints cannot go on
+        ckpt.unlink()
+    spec["experiments"]["a"]["args"][0] = "--data.stream.init_args.num_tasks=8"
+    suite.write_text(yaml.safe_dump(spec))
+    with pytest.raises(UsageError, match="finished 6 tasks and its suite now asks for 8, but its checkpoint"):
+        sweep_main([str(suite), "--root", str(root), "--no-ray"])

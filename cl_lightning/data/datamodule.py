@@ -106,6 +106,8 @@ class StreamDataModule(LightningDataModule):
         backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
         num_probe_tasks: Evaluated tasks in the accuracy-matrix probe set (0 switches the matrix off).
+        probe_span: Spread the probe set over the first ``probe_span`` evaluated tasks (``None``: all of them). A run
+            extended past its planned length keeps its probe set with the length it was planned for.
         lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
             ``eval/backward_{acc,mse}/lag_L`` (none by default).
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
@@ -126,6 +128,7 @@ class StreamDataModule(LightningDataModule):
         eval_queries: int | None = None,
         backward_lag: int | list[int] = 5,
         num_probe_tasks: int = 10,
+        probe_span: int | None = None,
         num_workers: int = 0,
         steps_per_batch: int = 1,
         lags: list[int] | None = None,
@@ -140,7 +143,7 @@ class StreamDataModule(LightningDataModule):
             raise ValueError("backward_lag must name at least one lag (>= 1), got []")
         self.lags = sorted(set(lags or []))
         check_at_least(1, steps_per_batch=steps_per_batch, backward_lag=min(backward), eval_queries=eval_queries)
-        check_at_least(1, lags=min(self.lags, default=None), lag_tasks=lag_tasks)
+        check_at_least(1, lags=min(self.lags, default=None), lag_tasks=lag_tasks, probe_span=probe_span)
         check_at_least(
             0, context_size=context_size, num_probe_tasks=num_probe_tasks, recall_probe_from=recall_probe_from
         )
@@ -154,7 +157,8 @@ class StreamDataModule(LightningDataModule):
         self.stream = stream
         self.context_size, self.eval_queries = context_size, eval_queries
         self.backward_lags, self.num_workers = backward, num_workers
-        n, k = self.num_evaluated_tasks, min(num_probe_tasks, self.num_evaluated_tasks)
+        n = min(self.num_evaluated_tasks, probe_span or self.num_evaluated_tasks)
+        k = min(num_probe_tasks, n)
         self.probe_tasks = sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)}) if k else []
 
     @property

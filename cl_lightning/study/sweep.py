@@ -158,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.dry_run:  # writes nothing
         for t in trials:
             state = trial_state(t, opts.root)
-            ckpt = resume_point(t.log_dir(opts.root)) if state == "resume" else None
+            ckpt = resume_point(t.log_dir(opts.root)) if state in ("resume", "extend") else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
     suite_dir.mkdir(parents=True, exist_ok=True)

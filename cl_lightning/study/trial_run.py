@@ -1,7 +1,8 @@
 """One trial of a :mod:`cl_lightning.study.sweep`: its state, an attempt at its ``fit`` in a child process, its record.
 
 A trial is finished when its ``fit`` exited 0 and its events reached the last task; ``trial.json`` records that and
-every attempt (wall and CPU time, peak memory, exit code, host, command). ``trial.lock``
+every attempt (wall and CPU time, peak memory, exit code, host, command). A finished trial that kept its checkpoint
+is extended when its suite later asks for more tasks (:func:`extends`): it resumes from that checkpoint. ``trial.lock``
 (:mod:`cl_lightning.run.runfolder`) keeps a second sweep off a trial one is running.
 """
 
@@ -20,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from cl_lightning.errors import UsageError
 from cl_lightning.run.runfolder import RunInUse, hold, release
 from cl_lightning.run.threads import thread_count
 from cl_lightning.study.childproc import die_with_parent, wait_passing_signals
@@ -42,11 +44,43 @@ def _last_task(log_dir: Path) -> tuple[int | None, int | None]:
     return (int(max(epochs.values())) if epochs else None), wanted
 
 
+NUM_TASKS_ARGS = ("--data.stream.init_args.num_tasks=", "--data.stream.num_tasks=")
+
+
+def asked_tasks(trial: Trial) -> int | None:
+    """The stream length the trial's own arguments ask for (the last ``num_tasks`` override; ``None``: none)."""
+    asked = None
+    for arg in trial.args:
+        for prefix in NUM_TASKS_ARGS:
+            if arg.startswith(prefix):
+                asked = int(arg.removeprefix(prefix))
+    return asked
+
+
+def extends(trial: Trial, record: dict[str, Any], log_dir: Path) -> bool:
+    """Whether a finished trial is to be extended: its arguments ask for more tasks than it finished with.
+
+    Raises:
+        UsageError: When it is, but its checkpoint is gone (finished trials keep none unless kept on purpose).
+    """
+    asked, done = asked_tasks(trial), record.get("num_tasks")
+    if record.get("status") != FINISHED or asked is None or done is None or asked <= int(done):
+        return False
+    if resume_point(log_dir) is None:
+        raise UsageError(
+            f"{trial.name}/seed_{trial.seed} finished {done} tasks and its suite now asks for {asked}, but its "
+            f"checkpoint was removed: it cannot be extended (run it anew as another experiment, or ask for {done})"
+        )
+    return True
+
+
 def trial_state(trial: Trial, root: str | Path) -> str:
-    """``finished``, ``resume`` (a checkpoint to continue from) or ``new``."""
+    """``finished``, ``extend`` (finished, resumed for more tasks), ``resume`` (a checkpoint to continue from) or
+    ``new``."""
     log_dir = trial.log_dir(root)
-    if _record(log_dir).get("status") == FINISHED:
-        return FINISHED
+    record = _record(log_dir)
+    if record.get("status") == FINISHED:
+        return "extend" if extends(trial, record, log_dir) else FINISHED
     return "resume" if resume_point(log_dir) is not None else "new"
 
 
@@ -76,7 +110,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     """
     log_dir = trial.log_dir(root)
     record = _record(log_dir)
-    if record.get("status") == FINISHED:
+    if record.get("status") == FINISHED and not extends(trial, record, log_dir):
         return record | {"skipped": True}
     try:
         hold(log_dir, TRIAL_LOCK)  # another sweep running this trial: leave it to that one
@@ -103,7 +137,7 @@ def _attempt(trial: Trial, root: str, threads: int | None, cwd: str | None) -> d
     """Run the trial's fit once (or skip it, finished meanwhile) and record the attempt in ``trial.json``."""
     log_dir = trial.log_dir(root)
     record = _record(log_dir)
-    if record.get("status") == FINISHED:  # finished by another sweep while this one waited for the lock
+    if record.get("status") == FINISHED and not extends(trial, record, log_dir):  # finished by another sweep
         return record | {"skipped": True}
     ckpt = resume_point(log_dir)  # once: with several last*.ckpt it opens each
     if ckpt is None:  # a fresh start: drop the events of an attempt that died before its first checkpoint
