@@ -183,23 +183,39 @@ def test_published_pmnist_curves_have_all_75_windows_and_the_figure_draws_them_a
     assert line.get_ydata()[-1] == pytest.approx(0.867, abs=0.02)
 
 
-def test_rank_figure_draws_the_papers_figure_4_curve_beside_ours() -> None:
-    """Backprop's Hessian rank every 100 tasks over 7,500 (rising): the normalised panel has ours and the paper's
-    75-window effective rank (Figure 4) as a dashed line; without paper windows, ours only."""
-    from cl_lightning.study.report import paper_points
+def test_rank_figure_draws_figure_4_as_the_authors_scripts_do_beside_the_papers_curve() -> None:
+    """Backprop's Hessian rank measured every 100 tasks over 7,500 (1, 2, ..., 75): the third panel is Figure 4 as the
+    authors' scripts draw it (carried forward, the first 95 tasks at 0, divided by the seed's largest, 100-task
+    window means) with the paper's 75-window curve dashed; without paper windows, two panels and ours only."""
+    from cl_lightning.study.report import add_figure4_rank, paper_points
     from cl_lightning.study.report_figures import rank_figure
 
     exp = Experiment("bp", "Backprop", 7500, "acc", stream="PermutedMNIST", published="bp", backward_lag=5)
     rank = np.full(7500, np.nan)
-    rank[::100] = np.arange(75.0)
+    rank[::100] = np.arange(1.0, 76.0)
     exp.add(0, {"eval/forward_acc": np.full(7500, 0.8), "hessian/eff_rank": rank}, {})
     paper = paper_points([exp], {"benchmark": "pmnist"})
     assert paper["bp"].figures == {"effective_rank": "4 (left)"}
-    norm = rank_figure([exp], paper).axes[1]
-    labels = [line.get_label() for line in norm.lines]
+    assert paper["bp"].rank_zero_fill == 95
+    add_figure4_rank([exp], paper)
+    _, norm, authors = rank_figure([exp], paper).axes
+    assert [line.get_label() for line in norm.lines] == ["Backprop"]
+    labels = [line.get_label() for line in authors.lines]
     assert labels == ["Backprop", "Backprop: paper, Fig. 4 (left) (100-task windows)"]
-    assert norm.lines[1].get_linestyle() == "--"
-    assert np.isnan(norm.lines[1].get_ydata()[0])  # window 0: not read (the curves' first segments overlap)
-    assert norm.lines[1].get_ydata()[1] == pytest.approx(1.0)
-    assert len(norm.lines[1].get_xdata()) == 75
-    assert [line.get_label() for line in rank_figure([exp]).axes[1].lines] == ["Backprop"]
+    ours, theirs = authors.lines
+    assert ours.get_ydata()[0] == pytest.approx(5 / 100 / 75)  # 95 zeros, then rank 1 carried over tasks 95-99
+    np.testing.assert_allclose(ours.get_ydata()[1:], np.arange(2.0, 76.0) / 75)
+    assert theirs.get_linestyle() == "--"
+    assert np.isnan(theirs.get_ydata()[0])  # window 0: not read (the curves' first segments overlap)
+    assert len(theirs.get_xdata()) == 75
+    plain = Experiment("bp", "Backprop", 7500, "acc")
+    plain.add(0, {"hessian/eff_rank": rank}, {})
+    assert [line.get_label() for line in rank_figure([plain]).axes[1].lines] == ["Backprop"]
+    assert len(rank_figure([plain]).axes) == 2
+    from cl_lightning.study.report_tables import window_stats
+
+    stats = window_stats([exp], paper)[("Backprop", "effective_rank")]  # windows.csv's rows of it
+    assert 0 not in stats  # the paper's window 0 is not read
+    (mean, _, n), value, _ = stats[1]
+    assert (mean, n, value) == (pytest.approx(2 / 75), 1, paper["bp"].scores["effective_rank"][1])
+    assert sorted(stats) == list(range(1, 75))

@@ -25,7 +25,16 @@ from cl_lightning.study.report_budget import write_budget
 from cl_lightning.study.report_pairs import write_pairs
 from cl_lightning.study.report_reuse import write_reuse
 from cl_lightning.study.report_tables import block_table, window_table, write_table
-from cl_lightning.study.results import Experiment, PaperWindows, final_window, last_value, spread_of
+from cl_lightning.study.results import (
+    FIGURE4_RANK,
+    HESSIAN_RANK,
+    Experiment,
+    PaperWindows,
+    figure4_rank,
+    final_window,
+    last_value,
+    spread_of,
+)
 
 
 def read_scalars(log_dir: str | Path, tags: Sequence[str] | None = None) -> dict[str, dict[int, float]]:
@@ -171,8 +180,19 @@ def paper_points(experiments: Sequence[Experiment], meta: dict[str, Any]) -> dic
             rank, figures = entry.get("effective_rank") or {}, {}
             if "windows" in rank:  # Figure 4's normalised rank at the same windows
                 scores["effective_rank"], figures["effective_rank"] = rank["windows"], str(rank["figure"])
-            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]), figures)
+            fill = int(spec.get("rank_zero_fill", 0))
+            out[exp.name] = PaperWindows(spec["window"], windows["at"], scores, str(windows["figure"]), figures, fill)
     return out
+
+
+def add_figure4_rank(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> None:
+    """Give each experiment with measured ranks and a paper Figure 4 curve its :data:`FIGURE4_RANK` rows: the rank
+    as the authors' scripts draw it (:func:`~cl_lightning.study.results.figure4_rank`)."""
+    for exp in experiments:
+        windows = paper.get(exp.name)
+        rows = exp.rows(HESSIAN_RANK)
+        if windows is not None and "effective_rank" in windows.scores and not np.isnan(rows).all():
+            exp.curves[FIGURE4_RANK] = list(figure4_rank(rows, windows.rank_zero_fill))
 
 
 def chance_level(experiments: Sequence[Experiment], meta: dict[str, Any]) -> float | None:
@@ -266,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if row["experiment"] in damaged:
             row["label"] += f" (partial: {', '.join(damaged[row['experiment']])} damaged)"
     paper = paper_points(experiments, meta)
+    add_figure4_rank(experiments, paper)
     window = window_table(experiments, paper, out)
     budget = write_budget(suite_dir, experiments, meta, out)
     reuse = write_reuse(experiments, out)

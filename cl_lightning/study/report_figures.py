@@ -1,8 +1,8 @@
 """The figures of ``python -m cl_lightning report``: every experiment of a suite on one axis, mean ± std over seeds.
 
 ``forward_backward.png`` and ``online.png`` (the paper's Figures 1–3, :func:`~cl_lightning.study.results.seed_band`,
-the paper's windows beside the lines), ``hessian_eff_rank.png`` (raw and, as Figure 4, min–max normalised per seed)
-and ``matrix_<experiment>.png`` (the probe-set matrix R).
+the paper's windows beside the lines), ``hessian_eff_rank.png`` (raw, min–max normalised per seed, and as the
+authors' scripts draw Figure 4) and ``matrix_<experiment>.png`` (the probe-set matrix R).
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ from matplotlib.figure import Figure
 
 from cl_lightning.contract import EvalSlot, metric_key, online_key, parse_metric_key
 from cl_lightning.metrics.figures import accuracy_matrix_figure
-from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, minmax_per_seed, seed_band
+from cl_lightning.study.results import (
+    FIGURE4_RANK,
+    HESSIAN_RANK,
+    Experiment,
+    PaperWindows,
+    minmax_per_seed,
+    seed_band,
+)
 
 _NAMES = {"acc": "accuracy", "mse": "MSE"}
 Panel = tuple[Callable[[str], str], str]
@@ -148,14 +155,16 @@ def curves_figure(
 
 
 def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows] | None = None) -> Figure | None:
-    """Hessian effective rank at the tasks where it was measured: raw, and min–max normalised per seed, with the
-    paper's normalised curve (``paper``'s ``effective_rank`` score, Figure 4) dashed beside a measured experiment's."""
+    """Hessian effective rank at the tasks where it was measured: raw, min–max normalised per seed over its
+    measurements, and, where the report derived it (:data:`FIGURE4_RANK`), as the authors' scripts draw Figure 4
+    (rank / seed max, the tasks before their first measurement at 0; window means) with the paper's curve dashed."""
     measured = [e for e in experiments if not np.isnan(e.rows(HESSIAN_RANK)).all()]
     if not measured:
         return None
-    fig = Figure(figsize=(12.4, 4.2), dpi=110)
-    fig.subplots_adjust(left=0.07, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
-    raw, norm = fig.subplots(1, 2)
+    authors = [e for e in measured if FIGURE4_RANK in e.curves]
+    fig = Figure(figsize=(6.2 * (2 + bool(authors)), 4.2), dpi=110)
+    fig.subplots_adjust(left=0.06, right=0.99, bottom=0.12, top=0.91, wspace=0.15)
+    raw, norm, *rest = fig.subplots(1, 2 + bool(authors))
     colours = _colours(experiments)
     for exp in measured:
         rows = exp.rows(HESSIAN_RANK)
@@ -166,20 +175,28 @@ def rank_figure(experiments: Sequence[Experiment], paper: dict[str, PaperWindows
             if not at.size:  # normalised: fewer than two measurements in every seed
                 continue
             _band(ax, tasks[at.astype(int)], mean, std, colours[exp.name], exp.label, ".")
-        if exp.name in (paper or {}):
-            _paper_windows(norm, exp, paper[exp.name], "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
     if not any(line.get_label() in {e.label for e in measured} for line in norm.lines):
         why = "Hessian measured once per seed:\nmin–max normalisation needs two or more measurements"
         norm.text(0.5, 0.5, why, ha="center", transform=norm.transAxes, fontsize=9)
     raw.set_title("Hessian effective rank (last layer)")
-    norm.set_title("min–max normalised per seed (the paper's Figure 4)")
-    for ax in (raw, norm):
+    norm.set_title("min–max normalised per seed over its measurements")
+    for exp in authors:
+        assert paper is not None  # FIGURE4_RANK is derived from the paper's windows
+        windows = paper[exp.name]
+        at, mean, std = seed_band(exp.rows(FIGURE4_RANK), windows.window)
+        _band(rest[0], at, mean, std, colours[exp.name], exp.label, ".")
+        _paper_windows(rest[0], exp, windows, "effective_rank", colours[exp.name], exp.num_evaluated_tasks)
+    if authors:
+        fill = paper[authors[0].name].rank_zero_fill if paper else 0
+        rest[0].set_title(
+            f"as the authors' scripts draw Figure 4: rank / seed max, first {fill} tasks at 0", fontsize=9
+        )
+        rest[0].legend(fontsize=7, loc="best")
+    for ax in (raw, norm, *rest):
         ax.set_xlim(-0.5, max(exp.num_evaluated_tasks for exp in experiments) - 0.5)
         ax.set_xlabel("evaluated task")
         ax.grid(alpha=0.3)
     raw.legend(fontsize=7, loc="best")
-    if any(line.get_linestyle() == "--" for line in norm.lines):  # the paper's curve: say which is which
-        norm.legend(fontsize=7, loc="best")
     return fig
 
 

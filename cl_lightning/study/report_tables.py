@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from cl_lightning.contract import EvalSlot, metric_key
-from cl_lightning.study.results import HESSIAN_RANK, Experiment, PaperWindows, block_stats, spread_of
+from cl_lightning.study.results import FIGURE4_RANK, HESSIAN_RANK, Experiment, PaperWindows, block_stats, spread_of
 
 
 def _pm(mean: float, std: float, decimals: int | None = None) -> str:
@@ -96,13 +96,17 @@ WindowStats = dict[tuple[str, str], dict[int, tuple[tuple[float, float, int], An
 
 def window_stats(experiments: Sequence[Experiment], paper: dict[str, PaperWindows]) -> WindowStats:
     """``{(label, score): {window: ((mean, std, n), paper value, seeds)}}`` for every window the paper was read at
-    and some seed's run reached (its last task)."""
+    and some seed's run reached (its last task); the scores: forward, backward and, where the report derived it, the
+    effective rank as Figure 4 draws it."""
     out: WindowStats = {}
     for exp in experiments:
         windows = paper.get(exp.name)
-        for role in ("forward", "backward") if windows is not None else ():
-            values = dict(zip(windows.at, windows.scores.get(role) or [], strict=False))
-            stats = block_stats(exp, metric_key(EvalSlot(role), exp.metric), windows.window, values)
+        tags = {role: metric_key(EvalSlot(role), exp.metric) for role in ("forward", "backward")}
+        if FIGURE4_RANK in exp.curves:  # the rank as Figure 4 draws it (report.add_figure4_rank)
+            tags["effective_rank"] = FIGURE4_RANK
+        for role, tag in tags.items() if windows is not None else ():
+            values = {w: v for w, v in zip(windows.at, windows.scores.get(role) or [], strict=False) if v == v}
+            stats = block_stats(exp, tag, windows.window, values)
             for w, st in stats.items():
                 out.setdefault((exp.label, role), {})[w] = (st, values[w], len(exp.seeds))
     return out

@@ -20,6 +20,9 @@ from cl_lightning.metrics import window_means
 HESSIAN_RANK = "hessian/eff_rank"
 """The Hessian effective rank :class:`cl_lightning.callbacks.HessianMonitor` logs (exact method, on its block: by
 default the last layer), as the report's rank figure and block table read it."""
+FIGURE4_RANK = "hessian/eff_rank/figure4"
+""":data:`HESSIAN_RANK` as the authors' plotting scripts turn it into Figure 4 (:func:`figure4_rank`): a curve the
+report derives, never logged."""
 
 
 @dataclass
@@ -76,6 +79,8 @@ class PaperWindows:
             range read.
         figure: The paper's figure, for the legend.
         figures: A score's own figure where it is another (the effective rank: Figure 4).
+        rank_zero_fill: Evaluated tasks the authors' scripts leave at rank 0 before their first measurement
+            (:func:`figure4_rank`).
     """
 
     window: int
@@ -83,6 +88,7 @@ class PaperWindows:
     scores: dict[str, list[float | list[float]]]
     figure: str
     figures: dict[str, str] = field(default_factory=dict)
+    rank_zero_fill: int = 0
 
     def points(self, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(window centres in tasks, midpoints, half ranges) of ``role``'s values; empty when the paper has none."""
@@ -174,6 +180,26 @@ def last_logged(rows: np.ndarray) -> np.ndarray:
 def last_value(rows: np.ndarray) -> tuple[float, float, int]:
     """Mean and population std over seeds of each seed's last logged value (e.g. the final ACC of R)."""
     return _over_seeds(last_logged(rows)[:, 0])
+
+
+def figure4_rank(rows: np.ndarray, zero_fill: int) -> np.ndarray:
+    """Hessian effective ranks ``(seeds, tasks)`` (NaN between measurements) as the authors' scripts draw Figure 4.
+
+    Their experiment scripts store one rank per evaluated task, carried forward from the last measurement, in an
+    array of zeros, and first measure at stream task 100: on Permuted MNIST (5 warm-up tasks) the first 95 evaluated
+    tasks keep rank 0 (``zero_fill``). The plotting script then min–max scales each seed's whole series, zeros
+    included, so its minimum is 0 and Figure 4 shows each seed's rank divided by its largest.
+
+    >>> figure4_rank(np.array([[4.0, np.nan, 8.0, np.nan]]), 1).tolist()
+    [[0.0, 0.5, 1.0, 1.0]]
+    """
+    carried = rows.copy()
+    for seed in carried:
+        for t in range(1, seed.size):
+            if np.isnan(seed[t]):
+                seed[t] = seed[t - 1]
+    carried[:, :zero_fill] = 0.0
+    return minmax_per_seed(carried)
 
 
 def minmax_per_seed(rows: np.ndarray) -> np.ndarray:
