@@ -13,6 +13,10 @@ from torch import Tensor, nn
 TaskType = Literal["classification", "regression"]
 """What the stream's targets are: class labels (scored by accuracy) or real vectors (scored by MSE)."""
 
+QueryCount = int | Literal["eval"] | None
+"""How many of a task's held-out queries an episode takes: a count, ``"eval"`` (the data module's ``eval_queries``,
+what the built-in evaluation scores) or ``None`` (all)."""
+
 SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "written", "unseen"]
 """Why an episode is evaluated: see :func:`metric_key`."""
 _PLAIN_ROLES = ("forward", "backward", "revised", "stale", "written", "unseen")  # one key per metric and reading
@@ -221,11 +225,11 @@ class EpisodeSource(Protocol):
     def evaluated_task(self, epoch: int) -> int | None:
         """The evaluated task trained in ``epoch`` (``epoch − warmup_tasks``), or ``None`` in a warm-up epoch."""
 
-    def episode(self, task: int, num_queries: int | None = None) -> Episode:
+    def episode(self, task: int, num_queries: QueryCount = "eval") -> Episode:
         """Evaluated task ``task``'s episode with the data module's context size and the first ``num_queries``
-        queries."""
+        queries (``"eval"``: ``eval_queries``, what the built-in evaluation scores; ``None``: all)."""
 
-    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
+    def queries(self, task: int, num_queries: QueryCount = "eval") -> tuple[Tensor, Tensor]:
         """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets (its episode's, without
         the context)."""
 

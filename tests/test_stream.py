@@ -165,3 +165,16 @@ def test_the_probe_set_spreads_over_probe_span_tasks() -> None:
     assert probes(probe_span=100) == [0, 10, 19, 29]
     with pytest.raises(ValueError, match="probe_span"):
         probes(probe_span=0)
+
+
+def test_an_episode_takes_the_evaluations_query_count_unless_told() -> None:
+    """A custom evaluation calling episode(task) scores what the built-in one scores (eval_queries), not every query."""
+    from cl_lightning.data import StreamDataModule
+
+    dm = StreamDataModule(SyntheticClasses(num_tasks=3, query_size=64), context_size=16, eval_queries=20)
+    assert dm.episode(1).query_x.shape[0] == 20
+    assert dm.queries(1)[0].shape[0] == 20
+    assert dm.episode(1, None).query_x.shape[0] == 64  # None: all of them
+    assert dm.episode(1, 5).query_x.shape[0] == 5
+    assert torch.equal(dm.episode(1).query_x, dm.episode(1, None).query_x[:20])
+    assert StreamDataModule(SyntheticClasses(num_tasks=3, query_size=64)).episode(0).query_x.shape[0] == 64

@@ -21,7 +21,7 @@ from lightning.pytorch import LightningDataModule, Trainer
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from cl_lightning.contract import Episode, EvalBatch, EvalSlot, StreamBatch, StreamSteps
+from cl_lightning.contract import Episode, EvalBatch, EvalSlot, QueryCount, StreamBatch, StreamSteps
 from cl_lightning.data.stream import TaskStream, check_at_least
 
 
@@ -248,14 +248,19 @@ class StreamDataModule(LightningDataModule):
             raise IndexError(f"evaluated task {task} outside 0..{self.num_evaluated_tasks - 1}")
         return self.warmup_tasks + task
 
-    def episode(self, task: int, num_queries: int | None = None) -> Episode:
+    def episode(self, task: int, num_queries: QueryCount = "eval") -> Episode:
         """Evaluated task ``task``'s episode: ``context_size`` examples of the stream's :meth:`TaskStream.context` and
-        the first ``num_queries`` held-out queries (all with ``None``), on the CPU."""
-        return self.stream.episode(self._stream_task(task), self.context_size, num_queries)
+        its first ``num_queries`` held-out queries (``"eval"``, the default: ``eval_queries``, as the built-in
+        evaluation scores; ``None``: all), on the CPU."""
+        return self.stream.episode(self._stream_task(task), self.context_size, self._count(num_queries))
 
-    def queries(self, task: int, num_queries: int | None = None) -> tuple[Tensor, Tensor]:
-        """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets, on the CPU."""
-        return self.stream.queries(self._stream_task(task), num_queries)
+    def queries(self, task: int, num_queries: QueryCount = "eval") -> tuple[Tensor, Tensor]:
+        """Evaluated task ``task``'s first ``num_queries`` held-out queries and their targets (as :meth:`episode`'s),
+        on the CPU."""
+        return self.stream.queries(self._stream_task(task), self._count(num_queries))
+
+    def _count(self, num_queries: QueryCount) -> int | None:
+        return self.eval_queries if num_queries == "eval" else num_queries
 
     def written_episode(self, task: int) -> Episode:
         """Evaluated task ``task``'s written keys as queries (the stream's

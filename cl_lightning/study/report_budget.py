@@ -2,7 +2,8 @@
 
 A suite whose experiments name a ``budget`` is a budget study: each experiment is one learner sized to one budget
 B, a *buffer* learner (``memory_size`` in its saved config) or a *rule*. One row per experiment (:func:`cell`), the
-P1 probe's references above them (:func:`references`), the crossovers under them (:func:`crossover`); findings:
+P1 probe's references above them (:func:`references`), the crossovers under them (:func:`crossover`); a row whose
+bytes held exceed its budget says so ("(over)"), and one seed's value prints without a spread. Findings:
 ``docs/results/lifelong_icl.md`` §1, §3, §4.
 """
 
@@ -76,16 +77,19 @@ def bytes_held(exp: Experiment) -> int | None:
 
 
 def seed_mean_std(rows: np.ndarray) -> tuple[float, float]:
-    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged), correctly
-    rounded (``statistics.fmean``: a tie at the table's third decimal prints the same whatever the order of the sum).
+    """Mean and population std over seeds of each seed's mean over its logged tasks (NaN: not logged; the std is NaN
+    for one seed, which has no spread), correctly rounded (``statistics.fmean``: a tie at the table's third decimal
+    prints the same whatever the order of the sum).
 
     >>> seed_mean_std(np.array([[np.nan, 0.25, 0.75], [np.nan, 1.0, 1.0]]))
     (0.75, 0.25)
+    >>> seed_mean_std(np.array([[0.5, np.nan]]))
+    (0.5, nan)
     """
     per_seed = [statistics.fmean(row[~np.isnan(row)].tolist()) for row in rows if (~np.isnan(row)).any()]
     if not per_seed:
         return math.nan, math.nan
-    return statistics.fmean(per_seed), statistics.pstdev(per_seed) if len(per_seed) > 1 else 0.0
+    return statistics.fmean(per_seed), statistics.pstdev(per_seed) if len(per_seed) > 1 else math.nan
 
 
 def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], lag: int) -> int | None:
@@ -106,7 +110,13 @@ def crossover(cells: dict[str, dict[int, dict[str, Any]]], buffers: set[str], la
 
 
 def _pair(mean: float, std: float) -> str:
-    """``mean ± std`` to three decimals, each ``-`` where NaN (a lag a learner did not log: ``- ± -``)."""
+    """``mean ± std`` to three decimals (``- ± -`` for a lag a learner did not log), the mean alone for one seed.
+
+    >>> _pair(0.5, 0.25), _pair(0.5, math.nan), _pair(math.nan, math.nan)
+    ('0.500 ± 0.250', '0.500', '- ± -')
+    """
+    if math.isnan(std) and not math.isnan(mean):
+        return f"{mean:.3f}"
     return " ± ".join("-" if math.isnan(x) else f"{x:.3f}" for x in (mean, std))
 
 
@@ -154,7 +164,7 @@ def budget_markdown(study: dict[str, Any]) -> str:
         for budget, c in by_budget.items():
             recall = [_pair(c[f"mean{lag}"], c[f"std{lag}"]) for lag in lags]
             recall += [_pair(c[p], c[f"{p}_std"]) for p in (*probes, *last)]
-            held = "-" if c["bytes"] is None else f"{c['bytes']:,}"
+            held = "-" if c["bytes"] is None else f"{c['bytes']:,}" + (" (over)" if c["bytes"] > budget else "")
             forward = _pair(c["forward"], c["forward_std"])
             rows.append([study["streams"][name], name, f"{budget:,}", held, forward, *recall])
     head = [*COLUMNS, *(f"lag {lag}" for lag in lags), *(PROBES[p] for p in probes), *(LAST[t] for t in last)]
