@@ -17,10 +17,13 @@ QueryCount = int | Literal["eval"] | None
 """How many of a task's held-out queries an episode takes: a count, ``"eval"`` (the data module's ``eval_queries``,
 what the built-in evaluation scores) or ``None`` (all)."""
 
-SlotRole = Literal["forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "written", "unseen"]
+SlotRole = Literal[
+    "forward", "backward", "lag", "return", "revised", "stale", "matrix", "final", "validated", "written", "unseen"
+]
 """Why an episode is evaluated: see :func:`metric_key`."""
 _PLAIN_ROLES = ("forward", "backward", "revised", "stale", "written", "unseen")  # one key per metric and reading
-_NUMBERED_ROLES = ("lag", "return", "matrix", "final")  # keys end in the slot's number
+_NUMBERED_ROLES = ("lag", "return", "matrix", "final", "validated")  # keys end in the slot's number
+_FINAL_PREFIX = {"final": "test", "validated": "validate"}  # the final model's row, by the command that scores it
 
 
 class StreamBatch(NamedTuple):
@@ -85,7 +88,8 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
     - ``"revised"`` / ``"stale"``: ``eval/revised_{m}`` / ``eval/stale_{m}`` (on a stream that revises values, the
       current task's queries of the keys revised at this task, against the new value / the old one);
     - ``"matrix"``: ``eval/{m}_matrix/task_{j}`` (probe task ``j`` after a probe task: a cell of ``R``);
-    - ``"final"``: ``test/{m}/task_{j}`` (probe task ``j`` after the whole stream);
+    - ``"final"`` / ``"validated"``: ``test/{m}/task_{j}`` / ``validate/{m}/task_{j}`` (probe task ``j`` scored by
+      the final model, by the ``test`` / ``validate`` command: a checkpoint's row of ``R``);
     - ``"written"``: ``eval/written_{m}`` (the current task's written keys, clean: recall of what it wrote);
     - ``"unseen"``: ``eval/unseen_{m}`` (the current task's held-out keys of its rule, never written: the P1 probe).
 
@@ -105,7 +109,19 @@ def metric_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str:
         return f"eval/return_{m}/visit_{slot.task}"
     if slot.role == "matrix":
         return f"eval/{m}_matrix/task_{slot.task}"
-    return f"test/{m}/task_{slot.task}"
+    return f"{_FINAL_PREFIX[slot.role]}/{m}/task_{slot.task}"
+
+
+def summary_key(slot: EvalSlot, metric: str, reading: str | None = None) -> str | None:
+    """The name the mean of a final row's scores is logged under (``test/{m}`` / ``validate/{m}``: the final model's
+    ACC over the probe tasks), for a ``"final"`` or ``"validated"`` slot; ``None`` for the others.
+
+    >>> summary_key(EvalSlot("validated", 3), "acc"), summary_key(EvalSlot("forward"), "acc")
+    ('validate/acc', None)
+    """
+    if slot.role not in _FINAL_PREFIX:
+        return None
+    return f"{_FINAL_PREFIX[slot.role]}/{metric if reading is None else f'{reading}_{metric}'}"
 
 
 def parse_metric_key(key: str, metric: str, reading: str | None = None) -> EvalSlot | None:

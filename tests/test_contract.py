@@ -32,6 +32,7 @@ def test_metric_keys_are_the_logged_names() -> None:
     assert metric_key(EvalSlot("backward"), "mse") == "eval/backward_mse"
     assert metric_key(EvalSlot("matrix", 12), "acc") == "eval/acc_matrix/task_12"
     assert metric_key(EvalSlot("final", 3), "mse") == "test/mse/task_3"
+    assert metric_key(EvalSlot("validated", 3), "acc") == "validate/acc/task_3"
     assert metric_key(EvalSlot("forward"), "acc", "live") == "eval/forward_live_acc"
     assert metric_key(EvalSlot("matrix", 0), "acc", "live") == "eval/live_acc_matrix/task_0"
 
@@ -39,7 +40,7 @@ def test_metric_keys_are_the_logged_names() -> None:
 @pytest.mark.parametrize("reading", [None, "live"])
 def test_parse_metric_key_inverts_metric_key(reading: str | None) -> None:
     slots = [EvalSlot("forward"), EvalSlot("backward"), EvalSlot("matrix", 0), EvalSlot("matrix", 7_499)]
-    for slot in [*slots, EvalSlot("final", 42)]:
+    for slot in [*slots, EvalSlot("final", 42), EvalSlot("validated", 5)]:
         for m in ("acc", "mse"):
             assert parse_metric_key(metric_key(slot, m, reading), m, reading) == slot
     assert parse_metric_key("eval/acc_matrix/task_3", "mse") is None
@@ -48,7 +49,7 @@ def test_parse_metric_key_inverts_metric_key(reading: str | None) -> None:
 
 def test_split_metric_key_finds_any_reading_and_online_key_is_apart() -> None:
     slots = [EvalSlot("forward"), EvalSlot("backward"), EvalSlot("matrix", 7), EvalSlot("final", 42)]
-    for slot in slots:
+    for slot in [*slots, EvalSlot("validated", 1)]:
         for m in ("acc", "mse"):
             for reading in (None, "live", "two_words"):
                 assert split_metric_key(metric_key(slot, m, reading), m) == (slot, reading)

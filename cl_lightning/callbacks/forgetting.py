@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch import Callback, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 
 from cl_lightning.callbacks.probing import evaluation_mode, probe_episode, require_contract
 from cl_lightning.contract import EpisodeSource, EvalSlot, ObservedLearner, metric_key
@@ -132,8 +133,9 @@ class ForgettingMonitor(Callback):
         return out
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: ObservedLearner) -> None:
-        """Collect this task's forward/backward scores and, after a probe task, its row of ``R``; log."""
-        if trainer.sanity_checking or not self.forward.numel():
+        """Collect this task's forward/backward scores and, after a probe task, its row of ``R``; log (in a fit only:
+        the ``validate`` command scores the final row, which the learner logs as ``validate/...`` itself)."""
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING or not self.forward.numel():
             return
         dm: EpisodeSource = trainer.datamodule
         task, m, logged = dm.evaluated_task(trainer.current_epoch), pl_module.metric_name, trainer.callback_metrics

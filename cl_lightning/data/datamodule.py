@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -310,10 +311,17 @@ class StreamDataModule(LightningDataModule):
         return DataLoader(dataset, batch_size=None, collate_fn=_identity)
 
     def val_dataloader(self) -> DataLoader:
-        """Episodes evaluated at the end of the current task."""
+        """Episodes evaluated at the end of the current task; under the ``validate`` command (a checkpoint, no
+        training), the final model's row like :meth:`test_dataloader`, logged as ``validate/...``."""
+        if self.trainer is not None and self.trainer.state.fn == TrainerFn.VALIDATING:
+            return self._episodes([(j, [EvalSlot("validated", j)]) for j in self.final_tasks()])
         return self._episodes(self.eval_items(self._task()))
 
     def test_dataloader(self) -> DataLoader:
-        """Every probe task's episode (the last row of the accuracy matrix), or the last task's."""
-        tasks = self.probe_tasks or [self.num_evaluated_tasks - 1]
-        return self._episodes([(j, [EvalSlot("final", j)]) for j in tasks])
+        """The final model's row: every probe task's episode (:meth:`final_tasks`)."""
+        return self._episodes([(j, [EvalSlot("final", j)]) for j in self.final_tasks()])
+
+    def final_tasks(self) -> list[int]:
+        """The tasks ``validate`` and ``test`` score: the probe tasks (the last row of the accuracy matrix), or the last
+        evaluated task without a probe set."""
+        return self.probe_tasks or [self.num_evaluated_tasks - 1]

@@ -13,7 +13,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 
 from cl_lightning import lightning_compat
-from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key
+from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key, summary_key
 from cl_lightning.learners.engines import StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.memory.accounting import tensor_bytes
@@ -258,6 +258,8 @@ class ContinualLearner(LightningModule, ABC):
             for slot in batch.slots:  # every rank evaluates every episode: DDP averages the ranks' scores
                 key = metric_key(slot, self.metric_name, reading)
                 self.log(key, value, add_dataloader_idx=False, batch_size=1, sync_dist=True)
+                if (summary := summary_key(slot, self.metric_name, reading)) is not None:  # mean over the row: ACC
+                    self.log(summary, value, add_dataloader_idx=False, batch_size=1, sync_dist=True)
 
     test_step = validation_step
 
