@@ -169,7 +169,7 @@ CASES: dict[str, tuple[list[str], str]] = {
     ),
     "sweep option misspelt": (["sweep", "{w}/suite.yaml", "--dry-rn"], "unrecognized arguments: --dry-rn"),
     # --- report ---
-    "report of a folder without trials": (["report", "{w}"], "no trials with event files"),
+    "report of a folder without trials": (["report", "{w}"], "no runs with event files"),
     "report without a folder": (["report"], "the following arguments are required: suite_dir"),
 }
 if not torch.cuda.is_available():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -360,3 +361,22 @@ def test_report_names_damaged_event_files_and_marks_the_partial_row(
     table = (suite / "report" / "table.md").read_text()
     assert "learner (partial: seed_1 damaged)" in table
     assert "| 2 (1 unfinished) |" in table
+
+
+def test_report_reads_a_single_fit_and_a_folder_of_fits_of_one_config(tmp_path: Path) -> None:
+    """`report logs/<name>/version_N` is that run's table; `report logs/<name>` makes its runs the seeds of one
+    experiment (seeds from their saved configs)."""
+    from helpers import BACKPROP, fit
+
+    for seed in (3, 4):
+        fit(tmp_path, BACKPROP, tasks=2, extra=[f"--seed_everything={seed}"])
+    runs = tmp_path / "logs" / "tiny"
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
+    out = tmp_path / "one"
+    assert main([str(runs / "version_1"), "--out", str(out), "--block", "0"]) == 0
+    (row,) = list(csv.DictReader((out / "table.csv").open()))
+    assert (row["experiment"], row["seeds"], row["tasks"]) == ("tiny", "1", "2")
+    experiments, _ = load_suite_runs(runs)
+    (exp,) = experiments
+    assert (exp.name, exp.seeds, exp.num_evaluated_tasks) == ("tiny", [3, 4], 2)
+    assert not np.isnan(exp.score("forward")).any()

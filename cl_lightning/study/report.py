@@ -112,11 +112,41 @@ def stream_tasks(config: dict[str, Any]) -> tuple[int | None, int]:
     return (int(tasks) if tasks is not None else None), int(stream.get("warmup_tasks") or 0)
 
 
+def _is_run(d: Path) -> bool:
+    """Whether ``d`` is a run's log folder (events, a sweep's ``trial.json`` or a saved config in it)."""
+    return d.is_dir() and any(
+        next(d.glob(name), None) for name in ("events.out.tfevents.*", "trial.json", "config.yaml")
+    )
+
+
+def _run_seed(d: Path, index: int) -> int:
+    """A fit's seed as its saved config has it (``seed_everything``), else ``index``."""
+    config = d / "config.yaml"
+    seed = (yaml.safe_load(config.read_text()) or {}).get("seed_everything") if config.exists() else None
+    return int(seed) if isinstance(seed, int) and not isinstance(seed, bool) else index
+
+
+def single_runs(folder: Path) -> dict[str, list[tuple[int, Path]]]:
+    """A fit's log folder (``logs/<name>/version_N``) or the folder of several fits of one config (``logs/<name>``),
+    as one experiment named ``<name>`` whose seeds are the runs (their ``seed_everything``; repeated or missing
+    seeds: the runs' order). Empty when ``folder`` is neither."""
+    if _is_run(folder):
+        return {folder.parent.name: [(_run_seed(folder, 0), folder)]}
+    runs = [d for d in sorted(folder.glob("version_*")) if _is_run(d)]
+    seeds = [_run_seed(d, i) for i, d in enumerate(runs)]
+    if len(set(seeds)) < len(seeds):
+        seeds = list(range(len(runs)))
+    return {folder.name: list(zip(seeds, runs, strict=True))} if runs else {}
+
+
 def _trial_dirs(suite_dir: Path, order: Sequence[str]) -> dict[str, list[tuple[int, Path]]]:
+    """A sweep's ``<experiment>/seed_<s>`` folders by experiment (``order`` first), else :func:`single_runs`."""
     found: dict[str, list[tuple[int, Path]]] = {}
     for d in sorted(suite_dir.glob("*/seed_*")):
-        if d.is_dir() and any(d.glob(name) for name in ("events.out.tfevents.*", "trial.json", "config.yaml")):
+        if _is_run(d):
             found.setdefault(d.parent.name, []).append((int(d.name.removeprefix("seed_")), d))
+    if not found:
+        return single_runs(suite_dir)
     ranked = {name: i for i, name in enumerate(order)}
     return dict(sorted(found.items(), key=lambda kv: (ranked.get(kv[0], len(ranked)), kv[0])))
 
@@ -253,7 +283,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cl_lightning.study.report_figures import write_figures  # matplotlib only when drawing, not in the sweep
 
     p = OneLineParser(prog="python -m cl_lightning report", description=__doc__.split("\n\n")[0])
-    p.add_argument("suite_dir", help="a suite's log folder, e.g. logs/pmnist_cpu")
+    p.add_argument(
+        "suite_dir",
+        help="a suite's log folder (e.g. runs/pmnist_paper_full_cpu), a fit's (logs/<name>/version_N) or the folder of "
+        "several fits of one config (logs/<name>: one experiment, its runs as seeds)",
+    )
     p.add_argument("--out", help="where to write the report (default: <suite_dir>/report)")
     p.add_argument(
         "--block",
@@ -272,7 +306,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     suite_dir = Path(opts.suite_dir)
     experiments, meta = load_suite_runs(suite_dir)
     if not experiments:
-        raise UsageError(f"{suite_dir}: no trials with event files (expected <experiment>/seed_<s>/events.out.*)")
+        raise UsageError(
+            f"{suite_dir}: no runs with event files (expected a sweep's <experiment>/seed_<s>/, a fit's "
+            "logs/<name>/version_N/ or the logs/<name>/ holding such folders)"
+        )
     damaged: dict[str, list[str]] = {}
     for trial in sorted(suite_dir.glob("*/seed_*")):
         if bad := unreadable_events(trial):
