@@ -147,3 +147,51 @@ def test_a_ddp_fit_from_the_command_line_prints_its_summary_once(tmp_path: Path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.count("Run finished: 2/2 tasks") == 1, done.stdout
     assert "sync_dist" not in done.stderr
+
+
+def _ddp_fit(root: Path, tasks: int, extra: list[str] = ()) -> subprocess.Popen:
+    """``python -m cl_lightning fit`` of a two-process DDP Backprop run on the synthetic stream, checkpointing every
+    task into ``root``'s run folder."""
+    args = tiny_args(root, LEARNERS["backprop"], tasks=tasks)
+    args += ["--trainer.devices=2", "--trainer.strategy=ddp", "--data.stream.train_size=512"]
+    args += ["--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint", "--trainer.callbacks.save_last=true"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "cl_lightning", "fit", *args, *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+    """#48: a DDP fit keeps one version folder; SIGTERM to rank 0 after a checkpointed task ends the run (143) with a
+    resume command that works as printed under the same two processes (rank 1 used to take the run's lock from its
+    own rank 0), and the resumed run's scalars and weights are the uninterrupted run's."""
+    import signal
+    import time
+
+    from cl_lightning.study.report import per_task, read_scalars
+
+    tasks = 30
+    straight = _ddp_fit(tmp_path / "straight", tasks)
+    out, _ = straight.communicate(timeout=600)
+    assert straight.returncode == 0, out[-3000:]
+    run = tmp_path / "stopped" / "logs" / "tiny"
+    stopped = _ddp_fit(tmp_path / "stopped", tasks)
+    deadline = time.time() + 300
+    while not list((run / "version_0" / "checkpoints").glob("epoch=2*.ckpt")) and time.time() < deadline:
+        time.sleep(0.05)
+    stopped.send_signal(signal.SIGTERM)
+    out, _ = stopped.communicate(timeout=300)
+    assert stopped.returncode == 143, out[-3000:]
+    assert "resume with" in out, out[-1500:]
+    assert out.rstrip().endswith("--ckpt_path last"), out[-1500:]
+    resumed = _ddp_fit(tmp_path / "stopped", tasks, ["--ckpt_path", "last"])
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    assert sorted(p.name for p in run.iterdir()) == ["version_0"]  # no empty folder from rank 1
+    a, b = tmp_path / "straight" / "logs" / "tiny" / "version_0", run / "version_0"
+    whole, again = per_task(read_scalars(a), tasks), per_task(read_scalars(b), tasks)
+    for tag in (t for t in whole if t.startswith(("eval/", "forgetting/"))):
+        torch.testing.assert_close(torch.from_numpy(again[tag]), torch.from_numpy(whole[tag]), equal_nan=True, msg=tag)
+    weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
+    for key, value in weights[0].items():
+        assert torch.equal(value, weights[1][key]), key

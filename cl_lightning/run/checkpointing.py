@@ -20,6 +20,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
+from lightning.pytorch.utilities import rank_zero_only
 
 from cl_lightning.contract import step_numbers
 from cl_lightning.lightning_compat import checkpoint_logged_steps, set_purge_step
@@ -335,7 +336,8 @@ class ConfigOptimizerValues(Callback):
 
 def open_run(config: Any, subcommand: str) -> Resume | None:
     """The run and checkpoint ``--ckpt_path`` continues (``None``: none given); a ``fit`` locks that run's folder
-    (:func:`~cl_lightning.run.runfolder.hold`) and logs into it, its ``version_N`` set in ``config``'s logger."""
+    (:func:`~cl_lightning.run.runfolder.hold`, on global rank 0: Lightning starts a DDP run's other ranks as copies of
+    the command, whose rank its environment gives) and logs into it, its ``version_N`` set in ``config``'s logger."""
     resume = find_resume(config, subcommand)
     if subcommand in ("validate", "test"):
         evaluation_folder(config, subcommand, resume)
@@ -344,7 +346,8 @@ def open_run(config: Any, subcommand: str) -> Resume | None:
         for message in (r".*add the following callbacks: \['DataRecord'\]", r".*The dirpath has changed from .*"):
             warnings.filterwarnings("ignore", message=message)
     if resume is not None and resume.run is not None and subcommand == "fit":
-        hold(resume.run)  # before anything is written into it
+        if rank_zero_only.rank == 0:  # before anything is written into it; a DDP run's other ranks write nothing there
+            hold(resume.run)
         config.trainer.logger.init_args.version = version_of(resume.run)
         # ModelCheckpoint warns that the folder holds checkpoints: here that is the point
         warnings.filterwarnings("ignore", message=".*Checkpoint directory .* exists and is not empty.*")

@@ -190,8 +190,11 @@ class CLI(CompatCLI):
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
         """``Trainer.fit`` holding the run folder's lock, stopping cleanly on SIGTERM / SIGINT; an attempt that ends
-        before its first step is undone."""
-        log_dir = Path(self.trainer.log_dir) if self.trainer.logger is not None and self.trainer.log_dir else None
+        before its first step is undone. Under DDP only global rank 0 holds the folder: the other ranks (each a copy of
+        this command, started by Lightning before any process group exists) would otherwise each open a version of
+        their own and take the lock from their own rank 0."""
+        owner = self.trainer.global_rank == 0 and self.trainer.logger is not None
+        log_dir = Path(self.trainer.log_dir) if owner and self.trainer.log_dir else None
         snapshot = Snapshot(log_dir) if log_dir is not None else None
         if log_dir is not None:
             hold(log_dir)

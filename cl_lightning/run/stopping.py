@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.trainer.states import TrainerStatus
 
@@ -71,13 +72,31 @@ class GracefulStop(FirstSignal, Callback):
         sys.stderr.write(line(stopped_by(signum)) + "\n")
         raise SystemExit(128 + int(signum)) from None
 
-    def stop_if_asked(self, *hook_args: Any, **hook_kwargs: Any) -> None:
+    def stop_if_asked(self, trainer: Trainer, *hook_args: Any, **hook_kwargs: Any) -> None:
         """Raise :class:`StopRequested` once a signal was recorded: before the next training step, evaluation batch
-        (a task's checkpoint, written after its evaluation, is not), batch of ``test``, or task."""
-        if self.signum is not None:
-            raise StopRequested(self.signum)
+        (a task's checkpoint, written after its evaluation, is not), batch of ``test``, or task. Under DDP the ranks
+        decide together (the largest signal number any rank recorded), so every rank stops at the same batch: a
+        signal usually reaches rank 0 alone, and a rank that stopped alone would leave the others waiting in a
+        collective for ever."""
+        signum = self.signum
+        if trainer.world_size > 1:
+            recorded = torch.tensor(float(signum or 0), device=trainer.strategy.root_device)
+            signum = int(trainer.strategy.reduce(recorded, reduce_op="max")) or None
+        if signum is not None:
+            self.signum = signum
+            raise StopRequested(signum)
 
     on_train_batch_start = on_validation_batch_start = on_test_batch_start = on_train_epoch_start = stop_if_asked
+
+    def take_signals_back(self, trainer: Trainer, *hook_args: Any) -> None:
+        """Under DDP, handle SIGTERM / SIGINT here alone again once Lightning has registered its own handler, which
+        broadcasts from inside the handler: a collective that one rank enters at an arbitrary point, while the other
+        waits in another, hangs both. :meth:`stop_if_asked` decides at the next batch instead."""
+        if trainer.world_size > 1 and self._previous:
+            for signum in process_signals.SIGNALS:
+                signal.signal(signum, self.record)
+
+    on_train_start = on_validation_start = on_test_start = take_signals_back
 
 
 def resume_command(command_line: list[str]) -> str:
