@@ -403,3 +403,52 @@ def test_a_finished_trial_is_extended_when_its_suite_asks_for_more_tasks(tmp_pat
     suite.write_text(yaml.safe_dump(spec))
     with pytest.raises(UsageError, match="finished 6 tasks and its suite now asks for 8, but its checkpoint"):
         sweep_main([str(suite), "--root", str(root), "--no-ray"])
+
+
+def test_a_grid_entry_expands_to_one_experiment_per_point(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Axes multiply (the first slowest); a mapping value sets several fields; every {field} of the name, label,
+    arguments and budget takes the point's value; --dry-run lists the expansion."""
+    (tmp_path / "x.yaml").write_text("{}")
+    grid = {
+        "learner_{mode}_{budget}": {
+            "label": "{mode} at {budget} B",
+            "configs": ["x.yaml"],
+            "budget": "{budget}",
+            "args": ["--model.buffer_mode={mode}", "--model.memory_size={rows}"],
+            "grid": {
+                "mode": ["fifo", "reservoir"],
+                "size": [{"budget": 1024, "rows": 4}, {"budget": 4096, "rows": 19}],
+            },
+        },
+        "plain": {"configs": ["x.yaml"]},
+    }
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"seeds": [0], "experiments": grid}))
+    suite = load_suite(path)
+    names = ["learner_fifo_1024", "learner_fifo_4096", "learner_reservoir_1024", "learner_reservoir_4096", "plain"]
+    assert [t.name for t in suite.trials] == names
+    assert suite.trials[3].args == ("--model.buffer_mode=reservoir", "--model.memory_size=19")
+    assert suite.labels["learner_reservoir_4096"] == "reservoir at 4096 B"
+    assert suite.budgets == {"learner_fifo_1024": 1024, "learner_fifo_4096": 4096, "learner_reservoir_1024": 1024,
+                             "learner_reservoir_4096": 4096}  # fmt: skip
+    assert sweep_main([str(path), "--root", str(tmp_path / "logs"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "learner_reservoir_4096/seed_0 [new]: python -m cl_lightning fit --config " in out
+    assert out.count("[new]") == 5
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"configs": ["x.yaml"], "grid": {"k": [1, 2]}}, "the same name twice"),
+        ({"configs": ["x.yaml"], "args": ["--a={missing}"], "grid": {"k": [1]}}, "names a field the grid does not"),
+        ({"configs": ["x.yaml"], "grid": {"k": []}}, "non-empty list"),
+    ],
+    ids=["name-without-its-field", "unknown-field", "empty-axis"],
+)
+def test_a_bad_grid_is_a_clear_error(tmp_path: Path, entry: dict, message: str) -> None:
+    (tmp_path / "x.yaml").write_text("{}")
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump({"seeds": [0], "experiments": {"e": entry}}))
+    with pytest.raises(UsageError, match=message):
+        load_suite(path)

@@ -16,6 +16,18 @@ extra command-line arguments) and the seeds to run them with::
         budget: 4096             # optional: the context-memory bytes the experiment is sized to (a budget study)
         kernel: knn_tuned        # optional: the experiment of the fixed kernel at this learner's support
 
+An experiment with a ``grid`` is several: one per point of the product of its axes, each a list of values (a
+mapping sets several fields at once); every ``{field}`` in its name, label, configs, arguments, budget and kernel
+takes the point's values, so a learner × budget study is one entry::
+
+      knn_fifo_{budget}:
+        label: knn_fifo
+        budget: "{budget}"
+        configs: [configs/lifelong/budget/pmnist.yaml, configs/lifelong/budget/knn.yaml]
+        args: [--model.init_args.memory_size={rows}, --model.init_args.support_size={rows}]
+        grid:
+          size: [{budget: 1024, rows: 4}, {budget: 4096, rows: 19}]
+
 ``report`` compares each trial with its ``paper_config`` (:mod:`cl_lightning.study.departures`); a ``budget``
 makes the suite a budget study (:mod:`cl_lightning.study.report_budget`); a ``kernel`` pairs the learner with a
 fixed kernel (:mod:`cl_lightning.study.report_pairs`). Each (experiment, seed) is a :class:`Trial`.
@@ -25,13 +37,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import product
 from pathlib import Path
 from typing import Any
 
 from cl_lightning.errors import UsageError, did_you_mean, key_lines, load_yaml
 
 SUITE_KEYS = ("name", "seeds", "benchmark", "args", "experiments")
-EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget", "kernel")
+EXPERIMENT_KEYS = ("configs", "args", "label", "published", "paper_config", "budget", "kernel", "grid")
 
 
 def config_args(files: Sequence[str]) -> list[str]:
@@ -176,7 +189,10 @@ def load_suite(path: str | Path) -> Suite:
     common = _str_list(spec.get("args"), where("args"), "args")
     suite = Suite(name=name, trials=[], benchmark=spec.get("benchmark"))
     for exp, entry in experiments.items():
-        _add_experiment(suite, str(exp), entry, common, seeds, where, path)
+        for name, point_entry in expand_grid(str(exp), entry, where("experiments", str(exp), "grid")):
+            if name in suite.labels:
+                raise UsageError(f"{where('experiments', str(exp))}: experiment {name!r} is named twice")
+            _add_experiment(suite, name, point_entry, common, seeds, where, path)
     for exp, kernel in suite.kernels.items():
         if kernel not in suite.labels or kernel == exp:
             hint = did_you_mean(kernel, list(suite.labels))
@@ -185,6 +201,43 @@ def load_suite(path: str | Path) -> Suite:
                 f"{kernel!r}{hint}"
             )
     return suite
+
+
+def grid_points(grid: Any, where: str) -> list[dict[str, Any]]:
+    """The points of a ``grid`` (axis -> list of values; a mapping value sets its keys, any other sets the axis), in
+    the product's order (the first axis slowest)."""
+    if not isinstance(grid, dict) or not grid or not all(isinstance(v, list) and v for v in grid.values()):
+        raise UsageError(f"{where}: `grid` maps each axis to a non-empty list of values, got {grid!r}")
+    axes = [[v if isinstance(v, dict) else {axis: v} for v in values] for axis, values in grid.items()]
+    return [{k: v for part in combo for k, v in part.items()} for combo in product(*axes)]
+
+
+def _fill(value: Any, point: dict[str, Any], where: str) -> Any:
+    """``value`` with every ``{field}`` of its strings (lists: each item's) filled from ``point``."""
+    if isinstance(value, list):
+        return [_fill(v, point, where) for v in value]
+    if not isinstance(value, str):
+        return value
+    try:
+        return value.format_map(point)
+    except (KeyError, IndexError, ValueError) as error:
+        raise UsageError(f"{where}: {value!r} names a field the grid does not set ({error})") from None
+
+
+def expand_grid(name: str, entry: Any, where: str) -> list[tuple[str, Any]]:
+    """``[(name, entry)]`` for an experiment without a ``grid``, else one ``(name, entry)`` per grid point with its
+    fields filled (:func:`_fill`; a ``budget`` written as a field is a number again)."""
+    if not isinstance(entry, dict) or "grid" not in entry:
+        return [(name, entry)]
+    out = []
+    for point in grid_points(entry["grid"], where):
+        filled = {key: _fill(value, point, where) for key, value in entry.items() if key != "grid"}
+        if isinstance(filled.get("budget"), str) and filled["budget"].isdigit():
+            filled["budget"] = int(filled["budget"])
+        out.append((_fill(name, point, where), filled))
+    if len({n for n, _ in out}) < len(out):
+        raise UsageError(f"{where}: the grid's points give {name!r} the same name twice: put its fields in the name")
+    return out
 
 
 def _add_experiment(
