@@ -452,3 +452,22 @@ def test_a_bad_grid_is_a_clear_error(tmp_path: Path, entry: dict, message: str) 
     path.write_text(yaml.safe_dump({"seeds": [0], "experiments": {"e": entry}}))
     with pytest.raises(UsageError, match=message):
         load_suite(path)
+
+
+@pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [("auto", "Could not find any running Ray instance"), ("127.0.0.1:9", "no Ray head answers there")],
+    ids=["no-cluster", "closed-port"],
+)
+def test_a_ray_address_without_a_cluster_is_one_line_and_writes_nothing(
+    tmp_path: Path, address: str, message: str
+) -> None:
+    """#48: `--address auto` with no cluster printed "error: None: None" after writing suite.yaml; a host:port
+    nobody answers is refused before Ray waits on it."""
+    suite = _suite(tmp_path, [0], experiments=("a",))
+    root = tmp_path / "logs"
+    with pytest.raises(UsageError, match=message) as raised:
+        sweep_main([str(suite), "--root", str(root), "--address", address])
+    assert "\n" not in str(raised.value)
+    assert not root.exists()

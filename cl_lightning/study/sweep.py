@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -52,15 +53,43 @@ def run_sequential(trials: Sequence[Trial], root: str) -> list[dict[str, Any]]:
     return records
 
 
-def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: int, gpus: float) -> list[dict[str, Any]]:
-    """Run the trials as Ray tasks, each holding ``cpus`` cores and ``gpus`` GPUs while it runs."""
+REACH_SECONDS = 10.0
+"""How long ``--address host:port`` may take to answer before the sweep gives up on it."""
+
+
+def connect_ray(address: str | None) -> None:
+    """Start or join Ray (``address``: ``None`` starts a local one, ``auto`` joins the one running here, ``host:port``
+    a head there), or raise :class:`UsageError` with Ray's reason in one line; a ``host:port`` that does not answer
+    within :data:`REACH_SECONDS` is refused before Ray waits on it for minutes."""
     import ray  # optional dependency
 
+    if address and address != "auto" and not address.startswith("ray://"):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host or "localhost", int(port)), timeout=REACH_SECONDS).close()
+        except (OSError, ValueError) as error:
+            raise UsageError(
+                f"--address {address}: no Ray head answers there ({error}); start one with `ray start --head` "
+                "or leave out --address to run a Ray of this machine's own"
+            ) from None
     catching = childproc.catching()
     env = {"env_vars": {"PYTHONPATH": childproc.package_pythonpath()}}  # the workers import this package
-    ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False, runtime_env=env)
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"--address {address}: Ray could not connect: {reason}") from None
     if catching:
         childproc.catch_signals()  # ray.init replaced the SIGTERM handler of passing_signals
+
+
+def run_on_ray(trials: Sequence[Trial], root: str, address: str | None, cpus: int, gpus: float) -> list[dict[str, Any]]:
+    """Run the trials as Ray tasks, each holding ``cpus`` cores and ``gpus`` GPUs while it runs (joining Ray first
+    unless :func:`connect_ray` did)."""
+    import ray  # optional dependency
+
+    if not ray.is_initialized():
+        connect_ray(address)
     try:
         remote = ray.remote(num_cpus=cpus, num_gpus=gpus, max_retries=0)(run_trial)
         root, cwd, stopping = str(Path(root).resolve()), str(Path.cwd()), False
@@ -161,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ckpt = resume_point(t.log_dir(opts.root)) if state in ("resume", "extend") else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
+    if _ray_available() and not opts.no_ray and any(trial_state(t, opts.root) != FINISHED for t in trials):
+        connect_ray(opts.address)  # before anything is written: a cluster that is not there writes nothing
     suite_dir.mkdir(parents=True, exist_ok=True)
     (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
     if not opts.no_ray and not _ray_available():
