@@ -107,8 +107,7 @@ class StreamDataModule(LightningDataModule):
         backward_lag: The backward metric evaluates task ``t − backward_lag``; a list averages over several lags
             (paper: 5 on image streams, [1, 2, 3, 4, 5] on slowly changing regression).
         num_probe_tasks: Evaluated tasks in the accuracy-matrix probe set (0 switches the matrix off).
-        probe_span: Spread the probe set over the first ``probe_span`` evaluated tasks (``None``: all of them). A run
-            extended past its planned length keeps its probe set with the length it was planned for.
+        probe_span: Probe set over the first N evaluated tasks (None: all).
         lags: Lags L whose episodes (task ``t − L``) are also scored after task ``t``, each logged apart as
             ``eval/backward_{acc,mse}/lag_L`` (none by default).
         lag_tasks: Score ``lags`` after the last ``lag_tasks`` evaluated tasks only (``None``: after every task).
