@@ -3,7 +3,9 @@ ranks step together (also while memory fills), and the task means are reduced ov
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from datetime import timedelta
@@ -160,12 +162,22 @@ def _ddp_fit(root: Path, tasks: int, extra: list[str] = ()) -> subprocess.Popen:
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
+def _ranks_alive(root: Path) -> bool:
+    """Whether a process of the fit logging under ``root`` still runs (Linux: its command line in /proc)."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if f"--trainer.default_root_dir={root}".encode() in cmdline.read_bytes():
+                return True
+    return False
+
+
 @pytest.mark.slow
-def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "kill-9"])
+def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tmp_path: Path, signum: int) -> None:
     """#48: a DDP fit keeps one version folder; SIGTERM to rank 0 after a checkpointed task ends the run (143) with a
     resume command that works as printed under the same two processes (rank 1 used to take the run's lock from its
-    own rank 0), and the resumed run's scalars and weights are the uninterrupted run's."""
-    import signal
+    own rank 0); after kill -9 of rank 0 rank 1 ends too and the same command resumes; either way the resumed run's
+    scalars and weights are the uninterrupted run's."""
     import time
 
     from cl_lightning.study.report import per_task, read_scalars
@@ -179,11 +191,18 @@ def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tm
     deadline = time.time() + 300
     while not list((run / "version_0" / "checkpoints").glob("epoch=2*.ckpt")) and time.time() < deadline:
         time.sleep(0.05)
-    stopped.send_signal(signal.SIGTERM)
+    stopped.send_signal(signum)
     out, _ = stopped.communicate(timeout=300)
-    assert stopped.returncode == 143, out[-3000:]
-    assert "resume with" in out, out[-1500:]
-    assert out.rstrip().endswith("--ckpt_path last"), out[-1500:]
+    if signum == signal.SIGTERM:
+        assert stopped.returncode == 143, out[-3000:]
+        assert "resume with" in out, out[-1500:]
+        assert out.rstrip().endswith("--ckpt_path last"), out[-1500:]
+    else:  # rank 1 loses its peer and ends (no orphan left holding the run)
+        assert stopped.returncode == -signal.SIGKILL
+        deadline = time.time() + 120
+        while _ranks_alive(tmp_path / "stopped") and time.time() < deadline:
+            time.sleep(0.5)
+        assert not _ranks_alive(tmp_path / "stopped")
     resumed = _ddp_fit(tmp_path / "stopped", tasks, ["--ckpt_path", "last"])
     out, _ = resumed.communicate(timeout=600)
     assert resumed.returncode == 0, out[-3000:]
