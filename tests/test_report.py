@@ -164,7 +164,8 @@ def test_table_of_a_hand_made_suite(tmp_path: Path) -> None:
     assert np.isnan(knn["forward_std"])
     table = write_table([bp, knn], tmp_path).splitlines()
     assert table[2].startswith("| Backprop | 2 | 5 | 0.600 ± 0.100 | 0.68 (Fig. 1a, p. 8) | 0.450 ± 0.100 |")
-    assert table[3].startswith("| knn | 3 (1 unfinished) | 10 | 0.800 |  | — |")
+    assert table[3].startswith("| knn | 3 (1 unfinished) | 10 | 0.800 (1 of 3 seeds) |  | — |")  # the final: says whose
+    assert knn["final_seeds"] == 1
     assert knn["forward_paper"] == ""
     assert knn["seconds_per_task"] == pytest.approx(20.0 / 10)  # finished trials with a record only
 
@@ -380,3 +381,13 @@ def test_report_reads_a_single_fit_and_a_folder_of_fits_of_one_config(tmp_path: 
     (exp,) = experiments
     assert (exp.name, exp.seeds, exp.num_evaluated_tasks) == ("tiny", [3, 4], 2)
     assert not np.isnan(exp.score("forward")).any()
+
+
+def test_a_legend_says_how_many_seeds_reached_the_end() -> None:
+    from cl_lightning.study.report_figures import CURVES, curves_figure
+
+    exp = Experiment("qoa", "QOA", 4, "acc")
+    exp.add(0, {"eval/forward_acc": np.array([0.1, 0.2, 0.3, 0.4])}, {})
+    exp.add(1, {"eval/forward_acc": np.array([0.1, 0.2, np.nan, np.nan])}, {})  # stopped after task 1
+    fig = curves_figure([exp], CURVES["forward_backward.png"])
+    assert "QOA (2 seeds, 1 to the end)" in [t.get_text() for t in fig.legends[0].get_texts()]

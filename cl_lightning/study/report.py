@@ -261,6 +261,8 @@ def table_rows(experiments: Sequence[Experiment], meta: dict[str, Any]) -> list[
         for key, values in scores.items():
             mean, std, n = final_window(values, final)
             row |= {f"{key}_mean": mean, f"{key}_std": spread_of(std, n), f"{key}_paper": paper_text(entry.get(key))}
+            if key == "forward":
+                row["final_seeds"] = n  # the seeds whose runs reached the final window: the finished ones
         for what in ("avg", "bwt", "fwt", "forgetting"):
             mean, std, n = last_value(exp.rows(f"forgetting/{what}")[done])  # R of finished runs only
             row |= {f"{what}_mean": mean, f"{what}_std": spread_of(std, n)}

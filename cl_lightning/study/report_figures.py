@@ -55,6 +55,9 @@ def _curve(ax: Axes, exp: Experiment, rows: np.ndarray, window: int, colour: str
     x, mean, std = seed_band(rows, window)
     per = f", {window}-task windows" if window > 1 else ""
     seeds = f"{len(exp.seeds)} seed{'s' if len(exp.seeds) > 1 else ''}"
+    done = int((~np.isnan(rows[:, -1])).sum())  # the seeds whose runs reached the last task
+    if done < len(exp.seeds):
+        seeds += f", {done} to the end"
     _band(ax, x, mean, std, colour, f"{exp.label} ({seeds}{per})", "." if x.size < 40 else None)
 
 

@@ -63,7 +63,10 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     for r in rows:
         seeds = f"{r['seeds']} ({r['unfinished']} unfinished)" if r["unfinished"] else str(r["seeds"])
         cells = [r["label"], seeds, str(r["tasks"])]
-        cells += [_pm(r["forward_mean"], r["forward_std"]), r["forward_paper"]]
+        cells += [
+            _pm(r["forward_mean"], r["forward_std"]) + _of(r.get("final_seeds", 0), r["seeds"]),
+            r["forward_paper"],
+        ]
         cells += [_pm(r["backward_mean"], r["backward_std"]), r["backward_paper"]]
         cells += [_pm(r[f"{k}_mean"], r[f"{k}_std"]) for k in ("online", "avg", "bwt", "fwt", "forgetting")]
         cells += [_pm(r["seconds_per_task"], math.nan, 2), r["seconds_per_task_paper"]]  # s/task, GiB: no std
@@ -71,7 +74,8 @@ def write_table(rows: Sequence[dict[str, Any]], out: Path) -> str:
     metric = rows[0]["metric"]
     notes = (
         f"\nForward, backward and online: {metric}, mean ± std over seeds of each seed's mean over the final window "
-        "(last `max(T // 80, 5)` tasks; the mean alone where one seed has a value). ACC, BWT, FWT, forgetting: the "
+        "(last `max(T // 80, 5)` tasks), from the seeds whose runs reached it (`n of N seeds` where not all did; the "
+        "mean alone where one has). ACC, BWT, FWT, forgetting: the "
         "last row of the probe-set matrix R. "
         "s/task: the trial's wall time (all attempts, evaluation and monitors included) per task; peak GiB: the "
         "fit process's peak resident memory. The paper's values are read from its figures (± 1 point, ± 0.02 MSE) "
