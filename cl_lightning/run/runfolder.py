@@ -49,9 +49,11 @@ def hold(run: Path, name: str = LOCK_NAME) -> None:
 
 
 def _write_pid(fd: int) -> None:
-    """Name the holder in the lock file (called by filelock with the locked descriptor)."""
+    """Name the holder in the lock file (called by filelock with the locked descriptor; ``lseek`` + ``write``, which
+    every platform has, where ``pwrite`` is Unix's)."""
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, f"{os.getpid()}\n".encode())
 
 
 def _owner(path: Path) -> str:
