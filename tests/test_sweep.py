@@ -471,3 +471,35 @@ def test_a_ray_address_without_a_cluster_is_one_line_and_writes_nothing(
         sweep_main([str(suite), "--root", str(root), "--address", address])
     assert "\n" not in str(raised.value)
     assert not root.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
+def test_a_sweep_on_a_real_ray_head_equals_the_local_sweep(tmp_path: Path) -> None:
+    """#47 item 5: `ray start --head`, then `sweep --address auto` joins it: the trials run as the head's tasks and log
+    the same curves as the same suite run locally, one after another. (An explicit host:port needs the head's
+    authentication token on Ray 2.60's default settings, which this machine's head does not hand to a driver.) It
+    ends with `ray stop --force`, which stops every Ray head of the machine: run it where no other Ray is wanted."""
+    import shutil
+    import socket
+
+    ray_cli = shutil.which("ray", path=str(Path(sys.executable).parent))
+    assert ray_cli is not None
+    with socket.socket() as s:  # a free port for the head
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    head = [ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+            "--disable-usage-stats"]  # fmt: skip
+    subprocess.run(head, check=True, capture_output=True, timeout=120)
+    try:
+        suite = _suite(tmp_path, [0], experiments=("a", "b"))
+        on_ray, local = tmp_path / "on_ray", tmp_path / "local"
+        assert sweep_main([str(suite), "--root", str(on_ray), "--address", "auto"]) == 0
+        assert sweep_main([str(suite), "--root", str(local), "--no-ray"]) == 0
+    finally:
+        subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
+    for name in ("a", "b"):
+        ray_dir, local_dir = (root / "toy" / name / "seed_0" for root in (on_ray, local))
+        assert json.loads((ray_dir / "trial.json").read_text())["status"] == FINISHED
+        for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
+            np.testing.assert_array_equal(_curve_n(ray_dir, tag, 4), _curve_n(local_dir, tag, 4))
