@@ -28,7 +28,7 @@ def _run(suite: Path, name: str, seed: int, values: dict[str, dict[int, float]],
 
 def _suite(tmp_path: Path) -> Path:
     """A learner rising through a constant kernel: 0.5 + t / 1000 (+ 0.01 (seed - 1)) against 0.6, so its
-    window w (tasks 2w, 2w + 1) is above the kernel from w = 50; its seed 2 stops after task 119."""
+    three-seed window w (tasks 2w, 2w + 1) is above the kernel from w = 50; its seed 2 stops after task 119."""
     suite = tmp_path / "toy"
     suite.mkdir()
     meta = {"name": "toy", "experiments": ["qoa", "knn"], "labels": {"qoa": "QOA", "knn": "kNN"}}
@@ -49,8 +49,9 @@ def test_a_pair_counts_the_windows_every_paired_seed_completed(tmp_path: Path) -
     assert (row["suite"], row["learner"], row["stream"], row["support"]) == ("toy", "QOA", "PermutedMNIST", 200)
     assert row["kernel"] == "kNN (seed 0: k=5 1/d; seed 1: k=5 1/d; seed 2: k=1 1/d standardised)"
     assert row["seeds"] == "0 1 2"
-    # seed 2 completed windows 0..59 only; the seeds' offsets cancel there: better from window 50 on
-    assert (row["windows"], row["windows_learner_better"], row["window_tasks"]) == (60, 10, 2)
+    # all 80 windows count; 0..59 over three seeds (the offsets cancel: better from window 50 on), 60..79 over seeds 0
+    # and 1 (seed 2 stopped after task 119; their mean offset -0.005: better from window 53, so all 20)
+    assert (row["windows"], row["windows_learner_better"], row["window_tasks"]) == (80, 30, 2)
     # table.csv's final window (max(2, 5) = 5 tasks: 155..159) of the finished seeds 0 and 1: 0.647 and 0.657
     assert row["final_seeds"] == 2
     assert row["learner_final"] == pytest.approx(0.652)
@@ -85,11 +86,11 @@ def test_the_report_writes_pairs_and_gathers_suites_in_one_file(tmp_path: Path) 
     assert main([str(_suite(tmp_path)), "--out", str(out), "--pairs", str(gathered), "--block", "0"]) == 0
     with (out / "pairs.csv").open() as f:
         (mine,) = list(csv.DictReader(f))
-    assert (mine["learner"], mine["windows_learner_better"]) == ("QOA", "10")
+    assert (mine["learner"], mine["windows_learner_better"]) == ("QOA", "30")
     with gathered.open() as f:
         rows = list(csv.DictReader(f))
     assert [(r["suite"], r["learner"]) for r in rows] == [("other", "Backprop"), ("toy", "QOA")]
     table = (out / "table.md").read_text()
     assert "## Learned against fixed, at equal support" in table
     assert "| QOA | PermutedMNIST | 200 |" in table
-    assert "10 of 60 windows of 2 | 0.652 ± 0.005 | 0.600 ± 0.000 |" in table
+    assert "30 of 80 windows of 2 | 0.652 ± 0.005 | 0.600 ± 0.000 |" in table

@@ -6,8 +6,9 @@ kernel at its support (``kernel:`` in the suite file); the report pairs them ove
 both reached, on the forward score (the episode's queries after the task is learned):
 
 - **windows**: the learner's plot windows (``T // 80`` tasks, :attr:`~cl_lightning.study.results.Experiment.window`)
-  that every paired seed of both completed, and in how many of them the learner's mean over those seeds is better
-  (higher accuracy, lower MSE) than the kernel's;
+  that some seed completed in both runs, and in how many of them the learner's mean is better (higher accuracy, lower
+  MSE) than the kernel's, each window's means over the same seeds: those that completed it in both runs (``seeds``:
+  every seed that did so somewhere);
 - **final**: the learner's final window as ``table.csv`` has it (its finished seeds), and the kernel's over the same
   window and seeds.
 
@@ -81,9 +82,13 @@ def pair_row(learner: Experiment, kernel: Experiment, suite_dir: Path, suite: st
     theirs = kernel.score("forward")[[kernel.seeds.index(s) for s in seeds], :tasks]
     window = learner.window
     a, b = _complete_windows(ours, window), _complete_windows(theirs, window)
-    both = ~(np.isnan(a).any(axis=0) | np.isnan(b).any(axis=0))
-    a_mean, b_mean = a[:, both].mean(axis=0), b[:, both].mean(axis=0)
+    paired = ~(np.isnan(a) | np.isnan(b))  # (seeds, windows): the seed completed the window in both runs
+    both = paired.any(axis=0)
+    with np.errstate(invalid="ignore"):  # each window's mean over the seeds that completed it in both
+        a_mean = np.where(paired, a, 0.0).sum(axis=0)[both] / paired.sum(axis=0)[both]
+        b_mean = np.where(paired, b, 0.0).sum(axis=0)[both] / paired.sum(axis=0)[both]
     better = a_mean > b_mean if learner.metric == "acc" else a_mean < b_mean
+    seeds = [s for s, used in zip(seeds, paired.any(axis=1), strict=True) if used]
     final = max(window, min(learner.num_evaluated_tasks, 5))  # table.csv's final window
     l_mean, l_std, n = final_window(learner.score("forward"), final)
     end = learner.num_evaluated_tasks
