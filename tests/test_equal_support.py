@@ -8,6 +8,7 @@ suite that holds a kNN row, from the experiment's configs (their includes first)
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,26 @@ def test_the_demo_and_paper_suites_compare_qoa_at_200_and_1000() -> None:
     paper = experiments(Path("configs/suites/pmnist_paper_cpu.yaml"))
     assert paper["qoa_v1"]["context"] == paper["knn"]["context"] == 1000
     assert paper["qoa_v2"]["context"] == paper["knn_200"]["context"] == 200
+
+
+RESULTS = Path("docs/results")
+PAIRED = sorted(p.parent for p in RESULTS.rglob("pairs.csv") if (p.parent / "table.csv").exists())
+
+
+@pytest.mark.parametrize("folder", PAIRED, ids=[str(p.relative_to(RESULTS)) for p in PAIRED])
+def test_every_paired_learner_on_a_results_page_has_its_kernels_row_and_pair(folder: Path) -> None:
+    """A report that pairs learners with fixed kernels (issue 45) shows, for every learner on its page that names a
+    kernel, the kernel's row in table.csv and the pair in pairs.csv, both from the same runs."""
+    with (folder / "pairs.csv").open() as f:
+        pairs = {row["learner"]: row for row in csv.DictReader(f)}
+    suite = load_suite(Path("configs/suites") / f"{next(iter(pairs.values()))['suite']}.yaml")
+    with (folder / "table.csv").open() as f:
+        table = {row["experiment"]: row for row in csv.DictReader(f)}
+    shown = [name for name in table if name in suite.kernels]
+    assert shown, f"{folder}: pairs.csv without a paired learner in table.csv"
+    for name in shown:
+        kernel = suite.kernels[name]
+        assert kernel in table, f"{folder}: {name}'s kernel {kernel} has no row"
+        assert table[name]["label"] in pairs, f"{folder}/pairs.csv: no pair for {name}"
+        assert pairs[table[name]["label"]]["kernel"].startswith(table[kernel]["label"])
+        assert pairs[table[name]["label"]]["learner_final"] == table[name]["forward_mean"]  # the table's final
