@@ -189,7 +189,8 @@ class KNN(ReplayLearner):
         """Score every kernel of the grid on every warm-up task of ``source`` (supports: the task's first
         ``support_size`` examples; queries: the next ``queries_per_task``), serve the best, log and return it."""
         assert self.select is not None
-        kernels, total = self.select.kernels(), torch.zeros(len(self.select.kernels()), dtype=torch.float64)
+        kernels = self.select.kernels()
+        total = torch.zeros(len(kernels), dtype=torch.float64)
         for task in range(source.warmup_tasks):
             batches = list(source.task_batches(task, self.support_size + self.select.queries_per_task))
             x = torch.cat([b.x for b in batches]).flatten(1).to(self.device)

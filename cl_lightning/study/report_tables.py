@@ -109,7 +109,8 @@ def window_stats(experiments: Sequence[Experiment], paper: dict[str, PaperWindow
         if FIGURE4_RANK in exp.curves:  # the rank as Figure 4 draws it (report.add_figure4_rank)
             tags["effective_rank"] = FIGURE4_RANK
         for role, tag in tags.items() if windows is not None else ():
-            values = {w: v for w, v in zip(windows.at, windows.scores.get(role) or [], strict=False) if v == v}
+            read = zip(windows.at, windows.scores.get(role) or [], strict=False)
+            values = {w: v for w, v in read if not (isinstance(v, float) and math.isnan(v))}  # NaN: not read
             stats = block_stats(exp, tag, windows.window, values)
             for w, st in stats.items():
                 out.setdefault((exp.label, role), {})[w] = (st, values[w], len(exp.seeds))

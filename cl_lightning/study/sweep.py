@@ -190,7 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ckpt = resume_point(t.log_dir(opts.root)) if state in ("resume", "extend") else None
             print(f"{t.name}/seed_{t.seed} [{state}]: python -m cl_lightning {' '.join(t.fit_args(opts.root, ckpt))}")
         return 0
-    if _ray_available() and not opts.no_ray and any(trial_state(t, opts.root) != FINISHED for t in trials):
+    todo = [t for t in trials if trial_state(t, opts.root) != FINISHED]
+    if _ray_available() and not opts.no_ray and todo:
         connect_ray(opts.address)  # before anything is written: a cluster that is not there writes nothing
     suite_dir.mkdir(parents=True, exist_ok=True)
     (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite.summary(opts.suite), sort_keys=False))
@@ -200,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             ' --cpus-per-trial cores, or on a cluster with --address), pip install "cl-lightning[sweep]".',
             flush=True,
         )
-    todo = [t for t in trials if trial_state(t, opts.root) != FINISHED]
     for t in todo:  # left by a sweep killed while it was stopping
         (t.log_dir(opts.root) / STOP_REQUEST).unlink(missing_ok=True)
     print(f"suite {suite.name}: {len(trials)} trials, {len(todo)} to run, logs in {suite_dir}", flush=True)
