@@ -34,14 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import ROOT, Bench, interleave, parser
-from cl_lightning.run.threads import THREAD_VARIABLES
+from cl_lightning.run.threads import THREAD_VARIABLES, WAIT_VARIABLES, usable_cores
 
 WORKLOADS = {  # the README's two commands
     "demo": ["configs/qoa_pmnist.yaml", "configs/quick_demo.yaml", "configs/quick_qoa.yaml"],
     "paper": ["configs/qoa_pmnist.yaml"],
 }
-WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")  # OpenMP's waiting, cleared before each variant sets its own
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 SMALL = [  # --small: the demo's code path on tiny tasks
     "--data.stream.init_args.train_size=400",
     "--data.stream.init_args.query_size=100",
@@ -49,24 +47,6 @@ SMALL = [  # --small: the demo's code path on tiny tasks
     "--callbacks.hessian=null",
     "--callbacks.plasticity=null",
 ]
-
-
-def cgroup_cores(path: Path = CGROUP_CPU_MAX) -> int | None:
-    """Whole cores a cgroup v2 CPU quota grants (``cpu.max``: quota and period in µs); None without a quota."""
-    try:
-        quota, period = path.read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    if quota == "max":
-        return None
-    return max(1, int(quota) // int(period))
-
-
-def usable_cores() -> int:
-    """The cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = cgroup_cores()
-    return max(1, min(affinity, quota) if quota else affinity)
 
 
 def variant_environments(spins: Sequence[int] = ()) -> dict[str, dict[str, str]]:
@@ -105,6 +85,10 @@ def seconds_per_task(log_dir: Path) -> float:
     return (times[-1] - times[0]) / (len(times) - 1)
 
 
+CHOSEN: list[str] = []
+"""The policy's line (``Threads: …``) of each fit that printed one, in the order they ran."""
+
+
 def run_fit(configs: Sequence[str], args: Sequence[str], environment: dict[str, str]) -> float:
     """One fit in a child process with ``environment`` over the caller's (thread and wait variables removed)."""
     env = {k: v for k, v in os.environ.items() if k not in (*THREAD_VARIABLES, *WAIT_VARIABLES)} | environment
@@ -115,6 +99,8 @@ def run_fit(configs: Sequence[str], args: Sequence[str], environment: dict[str, 
         done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} exited {done.returncode}: {done.stderr[-2000:]}")
+        chosen = [line for line in done.stderr.splitlines() if line.startswith("Threads:")]
+        CHOSEN.extend(chosen[:1])
         return seconds_per_task(next(Path(tmp).glob("*/v")))
 
 
@@ -133,12 +119,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         environments = {name: environments[name] for name in args.variants}
     default_tasks = {"demo": 8, "paper": 4}
     results: dict[str, dict[str, dict[str, list[float]]]] = {}
+    chosen: dict[str, dict[str, list[str]]] = {}
     rows = []
     for workload in args.workloads:
         tasks = args.tasks or (3 if args.small else default_tasks[workload])
         fit_args = ["--trainer.enable_progress_bar=false", f"--data.stream.init_args.num_tasks={tasks}"]
         fit_args += SMALL if args.small else []
         for load in args.loads:
+            CHOSEN.clear()
             with busy(args.busy if load == "busy" else 0):
                 runs = {
                     name: (lambda e=env, c=WORKLOADS[workload], a=fit_args: run_fit(c, a, e))
@@ -146,6 +134,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 }
                 seconds = interleave(runs, args.repeats)
             results.setdefault(workload, {})[load] = seconds
+            chosen.setdefault(workload, {})[load] = sorted(set(CHOSEN))
             best = min(statistics.median(s) for s in seconds.values())
             for name, s in seconds.items():
                 median = statistics.median(s)
@@ -154,9 +143,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         f"Seconds per task after the first, median and range over {args.repeats} interleaved rounds; the last column "
         f"is the median over the best variant's median in that case. Usable cores: {usable_cores()}; busy: "
         f"{args.busy} processes spinning a core each.",
+        *(f"{w} {load}, the policy chose: {'; '.join(lines)}" for w, d in chosen.items() for load, lines in d.items()),
     ]
     columns = ["workload", "load", "variant", "s / task", "range", "÷ best"]
-    return bench.finish({"seconds_per_task": results, "usable_cores": usable_cores()}, columns, rows, notes)
+    measured = {"seconds_per_task": results, "usable_cores": usable_cores(), "chosen": chosen}
+    return bench.finish(measured, columns, rows, notes)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Fixtures for every test: a fixed seed and a bounded thread count; ``one_thread`` for the tests that ask."""
+"""Fixtures for every test: a fixed seed and a bounded thread count (a CLI child: one thread); ``one_thread`` for
+the tests that ask."""
 
 from __future__ import annotations
 
@@ -10,6 +11,10 @@ import torch
 from lightning.pytorch import seed_everything
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# A `python -m cl_lightning` child of a test runs one thread unless the test sets its own: the CLI's policy would
+# choose the training threads from the load at start, and tests compare runs (a resumed one with an uninterrupted one)
+# that must train on the same count. test_threads checks the policy itself, with these variables removed.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(autouse=True)

@@ -317,3 +317,5 @@ def test_threads_benchmark_times_each_variant_in_its_own_process() -> None:
     assert set(seconds) == {"policy", "one"}
     assert all(len(s) == 1 and 0 < s[0] < 60 for s in seconds.values())
     assert "÷ best" in result["table"]
+    (chosen,) = result["chosen"]["demo"]["idle"]  # the policy's fit said what it chose; the pinned one said nothing
+    assert chosen.startswith("Threads: ")

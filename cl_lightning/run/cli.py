@@ -29,7 +29,7 @@ from cl_lightning.errors import USAGE_EXIT, UsageError, debug_requested, fail
 from cl_lightning.heap import fix_mmap_threshold
 from cl_lightning.learners.base import ContinualLearner
 from cl_lightning.lightning_compat import CompatCLI, steps_run
-from cl_lightning.run import stopping
+from cl_lightning.run import stopping, threads
 from cl_lightning.run.checkpointing import (
     AtomicCheckpointIO,
     DataRecord,
@@ -44,6 +44,7 @@ from cl_lightning.run.compose import CALLBACK_SLOTS, INCLUDE_KEY, expand_include
 from cl_lightning.run.runfolder import Snapshot, hold, release_all
 from cl_lightning.run.stopping import GracefulStop, StopRequested
 from cl_lightning.run.summary import run_summary
+from cl_lightning.run.thread_phases import TrainingThreads
 
 DESCRIPTION = (
     "cl_lightning: continual learning from a stream on PyTorch Lightning - query-only attention, parametric "
@@ -57,8 +58,8 @@ DESCRIPTION = (
 )
 USAGE = "python -m cl_lightning {fit,validate,test,predict,sweep,report} ... (a command's --help: its options)"
 FIT_DESCRIPTION = (
-    "Train a learner on a stream, one epoch per task. Threads: one (fast for the small networks of the CPU streams, "
-    "above all on a machine with other work); OMP_NUM_THREADS=N before the command sets N."
+    "Train a learner on a stream, one epoch per task. Threads: every usable core; on a machine busy at start, "
+    "training steps on one (docs/results/threads.md); OMP_NUM_THREADS=N before the command pins N."
 )
 
 SLOT_HELP = "null turns it off; a subclass by class_path; its options follow"
@@ -166,6 +167,8 @@ class CLI(CompatCLI):
             callbacks = [*callbacks, TaskProgressBar()]
         if not any(isinstance(c, DivergenceStop) for c in configured):
             callbacks = [*callbacks, DivergenceStop()]
+        if not any(isinstance(c, TrainingThreads) for c in configured):  # the policy's training threads, checkpointed
+            callbacks = [*callbacks, TrainingThreads(threads.ACTIVE)]
         plugins = config.get("plugins") or []
         plugins = list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -186,6 +189,8 @@ class CLI(CompatCLI):
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
         self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
+        if threads.ACTIVE is not None and self.trainer.is_global_zero:
+            sys.stderr.write(threads.ACTIVE.describe() + "\n")
         self._started = time.monotonic()
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:

@@ -23,7 +23,7 @@ import yaml
 
 from cl_lightning.errors import UsageError
 from cl_lightning.run.runfolder import RunInUse, hold, release
-from cl_lightning.run.threads import thread_count
+from cl_lightning.run.threads import sweep_threads
 from cl_lightning.study.childproc import die_with_parent, wait_passing_signals
 from cl_lightning.study.suite import Trial
 
@@ -104,7 +104,7 @@ def run_trial(trial: Trial, root: str, threads: int | None = None, cwd: str | No
     Args:
         trial: The trial.
         root: Log root (absolute when the trial may run in another working directory, as on Ray).
-        threads: ``OMP_NUM_THREADS`` of a new trial's child (None: the CLI's policy in this environment); an
+        threads: ``OMP_NUM_THREADS`` of a new trial's child (None: the user's thread variable, else one); an
             unfinished trial keeps the count it started with (:func:`trial_threads`).
         cwd: Working directory of the child, where relative config paths resolve (None: this process's).
     """
@@ -188,13 +188,14 @@ def trial_threads(record: dict[str, Any], threads: int | None, environ: dict[str
 
     The thread count changes how products sum, so an unfinished trial keeps it (``trial.json``'s ``threads``). A
     trial recorded before counts were (its attempts ran under the one-thread default of #35) keeps one. A new trial
-    takes ``threads`` (a sweep's cores per trial), else what ``python -m cl_lightning`` would choose in ``environ``.
+    takes ``threads`` (a sweep's cores per trial), else the user's thread variable in ``environ``, else one
+    (:func:`~cl_lightning.run.threads.sweep_threads`).
     """
     if "threads" in record:
         return int(record["threads"])
     if record.get("attempts"):
         return 1
-    return threads or thread_count(environ)
+    return threads or sweep_threads(environ)
 
 
 def _error_line(fit_log: Path) -> str:
