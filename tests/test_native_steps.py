@@ -235,7 +235,7 @@ def test_a_native_run_equals_the_torch_run_to_rounding_and_resumes_exactly(confi
         (
             "cbp_scr",
             ["--model.init_args.accumulate=false"],
-            "ContinualBackprop's native step kernel needs accumulate=True",
+            "ContinualBackprop's step_kernel 'native' needs accumulate=True",
         ),
     ],
     ids=["ewc", "cbp-accumulate-false"],

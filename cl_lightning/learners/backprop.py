@@ -13,11 +13,10 @@ from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.base import ContinualLearner
-from cl_lightning.learners.engines import StepKernel, StepRun, step_engine
-from cl_lightning.nn import fused_steps, native
+from cl_lightning.learners.engines import FastSteps, StepKernel, StepRun, step_engine
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.mlp import MLP, InitName
-from cl_lightning.nn.optim import FlatOptimizer
+from cl_lightning.nn.network_steps import MLPSteps
 
 
 class Backprop(ContinualLearner):
@@ -71,12 +70,10 @@ class Backprop(ContinualLearner):
         """The fused steps take flat inputs."""
         return None if isinstance(self.encoder, nn.Flatten) else "needs encoder: flatten"
 
-    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..`` by hand-written MLP gradients and one fused Adam
-        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`), or in C (regression only:
-        :func:`~cl_lightning.nn.native.mlp_mse_steps`)."""
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, steps: FastSteps) -> Tensor:
+        """Chunks ``start..`` as the MLP's steps (:class:`~cl_lightning.nn.network_steps.MLPSteps`)."""
         x, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
-        preds = (native.mlp_mse_steps if in_c else fused_steps.mlp_steps)(list(self.net.layers), adam, x, y)
+        preds = steps(MLPSteps(list(self.net.layers), x, y))
         return run.add_fused(preds, y, x.shape[1])
 
     def predict_episode(self, context_x: Tensor, context_y: Tensor, query_x: Tensor) -> Tensor:

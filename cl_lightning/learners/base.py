@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from cl_lightning import lightning_compat
 from cl_lightning.contract import EvalBatch, StreamBatch, StreamSteps, TaskType, metric_key, online_key, summary_key
-from cl_lightning.learners.engines import StepRun, check_steps, step_engine
+from cl_lightning.learners.engines import FastSteps, StepRun, check_steps, step_engine
 from cl_lightning.learners.task_mean import TaskMean, Terms, add_terms, reduce_task_means, task_mean
 from cl_lightning.memory.accounting import tensor_bytes
 from cl_lightning.nn.optim import FlatAdam, FlatOptimizer, drop_unloadable_nvml_check
@@ -177,10 +177,12 @@ class ContinualLearner(LightningModule, ABC):
         when no step was taken. What a step engine runs per chunk."""
         raise NotImplementedError(f"{type(self).__name__} has no learn_chunk: set data.steps_per_batch: 1")
 
-    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Learn chunks ``start..`` through fused steps on ``adam`` (in C with ``in_c``) with :meth:`learn_chunk`'s
-        numbers, booked in ``run`` as :meth:`learn_chunk` books them (``run.add_fused`` for a run of steps at once, and
-        ``run.counted`` for the optimiser steps); the summed loss. What the fused and native engines run."""
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, steps: FastSteps) -> Tensor:
+        """Learn chunks ``start..`` with :meth:`learn_chunk`'s numbers by naming the network steps that compute them
+        (:mod:`cl_lightning.nn.network_steps`) and running them through ``steps`` (the engine's implementation, torch
+        or C, on the batch's flat optimiser ``steps.adam``), booked in ``run`` as :meth:`learn_chunk` books them
+        (``run.add_fused`` for a run of steps at once, and ``run.counted`` for the optimiser steps); the summed loss.
+        What the fused and native engines run."""
         raise NotImplementedError(f"{type(self).__name__} has no fused steps")
 
     def fused_ready(self, batch: StreamSteps, start: int) -> bool:
@@ -190,6 +192,11 @@ class ContinualLearner(LightningModule, ABC):
     def fused_refusal(self, chunk_size: int | None = None) -> str | None:
         """Why this learner's settings (and, once training starts, the stream's ``chunk_size``) keep its fused steps
         from computing :meth:`learn_chunk`'s numbers, as a phrase; ``None`` when they do."""
+        return None
+
+    def native_refusal(self) -> str | None:
+        """Why this learner's settings keep its network steps' C form from computing them, as a phrase; ``None``
+        when they do (asked by the native engine only)."""
         return None
 
     def add_task_terms(self, terms: Terms, online: list[tuple[Tensor, Tensor]]) -> None:

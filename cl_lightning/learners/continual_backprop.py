@@ -14,7 +14,6 @@ order) and replaces the same units with the same ``(seed, step)`` draws: the ran
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import torch
@@ -23,10 +22,10 @@ from torch import Tensor
 
 from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.backprop import Backprop
-from cl_lightning.learners.engines import StepRun
-from cl_lightning.nn import fused_steps, native
+from cl_lightning.learners.engines import FastSteps, StepRun
 from cl_lightning.nn.gnt import GenerateAndTest, ReplacementInit, UtilityType
-from cl_lightning.nn.optim import AdamGnT, FlatAdamGnT, FlatOptimizer
+from cl_lightning.nn.network_steps import GenerateAndTestSteps
+from cl_lightning.nn.optim import AdamGnT, FlatAdamGnT
 
 
 def adam_gnt_1e4(params: Any) -> AdamGnT:
@@ -79,11 +78,6 @@ class ContinualBackprop(Backprop):
             replacement_init,
             next_bias_correction,
         )
-        if self.step_kernel == "native" and not accumulate:
-            raise ValueError(
-                "ContinualBackprop's native step kernel needs accumulate=True (accumulate=False draws a random "
-                "number at every step to round the replacement count): use step_kernel: fused"
-            )
 
     def predict_with_features(self, x: Tensor) -> tuple[Tensor, list[Tensor]]:
         """Outputs and the post-ReLU features of every hidden layer (the same computation as ``MLP.forward``)."""
@@ -106,25 +100,23 @@ class ContinualBackprop(Backprop):
         self.gnt.step(list(self.net.layers), features, run.optimizer, self.step_generator())
         return loss
 
-    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
-        """Chunks ``start..`` as :meth:`learn_chunk` learns them, generate-and-test after each flat AdamGnT update
-        (:func:`~cl_lightning.nn.fused_steps.mlp_steps`, or in C :func:`~cl_lightning.nn.native.cbp_mse_steps`);
-        step ``t`` draws from the generator of step ``steps taken + t``."""
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, steps: FastSteps) -> Tensor:
+        """Chunks ``start..`` as :meth:`learn_chunk` learns them: the MLP's steps with generate-and-test after each
+        update (:class:`~cl_lightning.nn.network_steps.GenerateAndTestSteps`); step ``t`` draws from the generator of
+        step ``steps taken + t``."""
         xs, y = batch.x[start:].flatten(2), batch.y[start:]  # (T, B, D), labels (T, B) or targets (T, B, k)
-        layers, optimizer, first = list(self.net.layers), run.optimizer, self._steps
-        if in_c:
-            preds = native.cbp_mse_steps(
-                layers, adam, self.gnt, xs, y, optimizer, lambda t: self.generator_at(first + t)
-            )
-        else:
-            draws = itertools.count(first)
-
-            def generate_and_test(features: list[Tensor]) -> None:
-                self.gnt.step(layers, features, optimizer, self.generator_at(next(draws)))
-
-            preds = fused_steps.mlp_steps(layers, adam, xs, y, generate_and_test)
+        first = self._steps
+        network = GenerateAndTestSteps(
+            list(self.net.layers), xs, y, self.gnt, run.optimizer, lambda t: self.generator_at(first + t)
+        )
+        preds = steps(network)
         self.count_steps(xs.shape[0])  # the steps step_generator would have counted, at once
         return run.add_fused(preds, y, xs.shape[1])
+
+    def native_refusal(self) -> str | None:
+        """The C steps carry fractional replacement counts over (accumulate=False draws a random number at every
+        step to round the count)."""
+        return None if self.hparams.get("accumulate", True) else "needs accumulate=True"  # asked before self.gnt exists
 
     def on_train_epoch_end(self) -> None:
         """Log how many units have been replaced so far (all layers)."""

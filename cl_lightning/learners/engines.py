@@ -3,12 +3,14 @@ docs/architecture.md, "Step engines": what each refuses, and when).
 
 A learner states its step once, ``learn_chunk(batch, run)``; its engine runs a batch's ``K`` chunks in arrival order,
 in manual optimisation: :class:`AutogradEngine` through Lightning's optimiser, :class:`FusedEngine` through the
-learner's ``learn_fused`` (bit for bit), :class:`NativeEngine` through the same steps in C (to float32 rounding);
+network steps the learner's ``learn_fused`` names (:mod:`cl_lightning.nn.network_steps`) in torch (bit for bit),
+:class:`NativeEngine` through the same network steps in C (to float32 rounding): the engine picks the implementation;
 ``"auto"`` (:class:`AutoEngine`) takes the fused steps where the run allows them, else autograd: the same numbers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
 import torch
@@ -19,11 +21,13 @@ from cl_lightning.contract import StreamBatch, StreamSteps
 from cl_lightning.learners.task_mean import Terms
 from cl_lightning.nn import native
 from cl_lightning.nn.fused_steps import has_forward_hooks
+from cl_lightning.nn.network_steps import NetworkSteps
 from cl_lightning.nn.optim import FlatAdamGnT, FlatOptimizer, adam_refusal, flat_optimizer_type
 
 __all__ = [
     "AutoEngine",
     "AutogradEngine",
+    "FastSteps",
     "FusedEngine",
     "NativeEngine",
     "StepKernel",
@@ -48,9 +52,10 @@ class SteppedLearner(Protocol):
     def learns_steps(self) -> bool: ...
     def has_fused_steps(self) -> bool: ...
     def learn_chunk(self, batch: StreamBatch, run: StepRun) -> Tensor | None: ...
-    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor: ...
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, steps: FastSteps) -> Tensor: ...
     def fused_ready(self, batch: StreamSteps, start: int) -> bool: ...
     def fused_refusal(self, chunk_size: int | None = None) -> str | None: ...
+    def native_refusal(self) -> str | None: ...
     def add_task_terms(self, terms: Terms, online: list[tuple[Tensor, Tensor]]) -> None: ...
     def loss(self, pred: Tensor, y: Tensor) -> Tensor: ...
 
@@ -114,6 +119,19 @@ class StepRun:
         return losses.sum()
 
 
+class FastSteps:
+    """What a learner's ``learn_fused`` runs its network's steps through: ``steps(network_steps)`` runs them in the
+    implementation the engine chose (torch or C) on ``adam``, the batch's flat optimiser, and returns the
+    predictions."""
+
+    def __init__(self, adam: FlatOptimizer, implementation: Callable[[NetworkSteps, FlatOptimizer], Tensor]) -> None:
+        self.adam = adam
+        self._implementation = implementation
+
+    def __call__(self, network_steps: NetworkSteps) -> Tensor:
+        return self._implementation(network_steps, self.adam)
+
+
 class AutogradEngine:
     """Each chunk through the learner's ``learn_chunk``, stepped by autograd."""
 
@@ -157,7 +175,6 @@ class FusedEngine(AutogradEngine):
     """The learner's fused steps in torch, autograd's numbers bit for bit."""
 
     name = "fused"
-    in_c = False  # whether learn_fused runs its steps in C
 
     def __init__(self) -> None:
         self._flat: FlatOptimizer | None = None  # the optimiser on flat tensors: not module state, rebuilt from it
@@ -202,22 +219,33 @@ class FusedEngine(AutogradEngine):
         if type(self._flat) is not flat_type:
             self._flat = flat_type()
         adam = self._flat.bind(run.optimizer, list(learner.parameters()))
-        loss = learner.learn_fused(batch, start, run, adam, self.in_c)
+        loss = learner.learn_fused(batch, start, run, FastSteps(adam, self.run_steps))
         adam.release()
         return loss
+
+    @staticmethod
+    def run_steps(network_steps: NetworkSteps, adam: FlatOptimizer) -> Tensor:
+        """The network's steps in torch."""
+        return network_steps.torch(adam)
 
 
 class NativeEngine(FusedEngine):
     """The fused steps' chunk in C, equal to autograd to float32 rounding per step."""
 
     name = "native"
-    in_c = True
 
     def check_learner(self, learner: SteppedLearner) -> None:
-        """As the fused engine, on regression only (the C steps compute MSE), once the C kernels build."""
+        """As the fused engine, on regression only (the C steps compute MSE) and the learner's settings its C steps
+        compute (``native_refusal``), once the C kernels build."""
         super().check_learner(learner)
         self._refuse(learner, "fits regression only" if learner.task_type != "regression" else None)
+        self._refuse(learner, learner.native_refusal())
         native.library()
+
+    @staticmethod
+    def run_steps(network_steps: NetworkSteps, adam: FlatOptimizer) -> Tensor:
+        """The network's steps in C."""
+        return network_steps.native(adam)
 
     def run_refusal(self, learner: SteppedLearner) -> str | None:
         """As the fused engine, and the kernel implements the optimiser (the learner's :attr:`native_optimizer`) on

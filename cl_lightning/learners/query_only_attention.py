@@ -21,14 +21,15 @@ import torch
 from torch import Tensor, nn
 
 from cl_lightning.contract import StreamBatch, StreamSteps
-from cl_lightning.learners.engines import StepKernel, StepRun, step_engine
+from cl_lightning.learners.engines import FastSteps, StepKernel, StepRun, step_engine
 from cl_lightning.learners.replay import ReplayLearner
 from cl_lightning.memory.support_sampler import SamplerName, draw_support, query_is_incoming
-from cl_lightning.nn import fused_steps, native
+from cl_lightning.nn import fused_steps
 from cl_lightning.nn.cnn import make_encoder
 from cl_lightning.nn.compiled import LazyCompile
 from cl_lightning.nn.distributed import answer_across_ranks
-from cl_lightning.nn.optim import FlatOptimizer, prefer_fused
+from cl_lightning.nn.network_steps import WindowAttentionSteps
+from cl_lightning.nn.optim import prefer_fused
 from cl_lightning.nn.scorers import PairScorer
 
 Forward = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]  # (qx, qy, sx, sy) -> (loss, predictions)
@@ -170,11 +171,12 @@ class QueryOnlyAttention(ReplayLearner):
             return self.ready()
         return self._online_is_the_query(batch.x[start].flatten(1))
 
-    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, adam: FlatOptimizer, in_c: bool) -> Tensor:
+    def learn_fused(self, batch: StreamSteps, start: int, run: StepRun, steps: FastSteps) -> Tensor:
         """Chunks ``start..``: classification as :meth:`learn_chunk`, stepped by ``AttentionCEStep``; regression point
-        ``t`` the query of step ``t`` over the ``S`` points before it (``attention_mse_steps`` or its C form)."""
+        ``t`` the query of step ``t`` over the ``S`` points before it
+        (:class:`~cl_lightning.nn.network_steps.WindowAttentionSteps`)."""
         if self.task_type == "classification":
-            step = fused_steps.AttentionCEStep(self.scorer, self.num_outputs, adam)
+            step = fused_steps.AttentionCEStep(self.scorer, self.num_outputs, steps.adam)
             chunks = (StreamBatch(batch.x[i], batch.y[i], batch.task_id[i]) for i in range(start, batch.x.shape[0]))
             losses = [self._learn(chunk, run, step.gradients, step.update) for chunk in chunks]  # each takes a step
             run.counted += len(losses)  # the buffer was ready (fused_ready): optimiser steps outside Lightning's
@@ -182,8 +184,8 @@ class QueryOnlyAttention(ReplayLearner):
         x, y, task_id = batch.x[start:].flatten(2)[:, 0], batch.y[start:, 0], batch.task_id[start:, 0]  # (T, D) ...
         sx, sy = self.memory_support()
         window_x, window_y = torch.cat([sx, x.to(sx.dtype)]), torch.cat([sy, y.to(sy.dtype)])
-        steps = native.attention_mse_steps if in_c else fused_steps.attention_mse_steps
-        preds = steps(self.scorer.first, [*self.scorer.hidden, self.scorer.out], adam, window_x, window_y, sx.shape[0])
+        layers = [*self.scorer.hidden, self.scorer.out]
+        preds = steps(WindowAttentionSteps(self.scorer.first, layers, window_x, window_y, sx.shape[0]))
         self.count_steps(x.shape[0])  # what step_generator would have counted
         self.buffer.add(x, y, task_id)  # a FIFO: storing T points at once stores them one after another
         return run.add_fused(preds, y[:, None], 1)
