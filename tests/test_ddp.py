@@ -11,6 +11,7 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from helpers import LEARNERS, bare_trainer, tiny_args
@@ -171,6 +172,24 @@ def _ranks_alive(root: Path) -> bool:
     return False
 
 
+def _straight_and_stopped(tmp_path: Path, tasks: int, signum: int) -> tuple[subprocess.Popen, str]:
+    """An uninterrupted two-process run of ``tasks`` tasks under ``tmp_path / "straight"``, then one under
+    ``tmp_path / "stopped"`` sent ``signum`` once its task 2 is checkpointed: the stopped process and its output."""
+    import time
+
+    straight = _ddp_fit(tmp_path / "straight", tasks)
+    out, _ = straight.communicate(timeout=600)
+    assert straight.returncode == 0, out[-3000:]
+    checkpoints = tmp_path / "stopped" / "logs" / "tiny" / "version_0" / "checkpoints"
+    stopped = _ddp_fit(tmp_path / "stopped", tasks)
+    deadline = time.time() + 300
+    while not list(checkpoints.glob("epoch=2*.ckpt")) and time.time() < deadline:
+        time.sleep(0.05)
+    stopped.send_signal(signum)
+    out, _ = stopped.communicate(timeout=300)
+    return stopped, out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "kill-9"])
 def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tmp_path: Path, signum: int) -> None:
@@ -183,16 +202,8 @@ def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tm
     from cl_lightning.study.report import per_task, read_scalars
 
     tasks = 30
-    straight = _ddp_fit(tmp_path / "straight", tasks)
-    out, _ = straight.communicate(timeout=600)
-    assert straight.returncode == 0, out[-3000:]
+    stopped, out = _straight_and_stopped(tmp_path, tasks, signum)
     run = tmp_path / "stopped" / "logs" / "tiny"
-    stopped = _ddp_fit(tmp_path / "stopped", tasks)
-    deadline = time.time() + 300
-    while not list((run / "version_0" / "checkpoints").glob("epoch=2*.ckpt")) and time.time() < deadline:
-        time.sleep(0.05)
-    stopped.send_signal(signum)
-    out, _ = stopped.communicate(timeout=300)
     if signum == signal.SIGTERM:
         assert stopped.returncode == 143, out[-3000:]
         assert "resume with" in out, out[-1500:]
@@ -214,3 +225,32 @@ def test_a_stopped_ddp_run_resumes_as_printed_and_equals_an_uninterrupted_one(tm
     weights = [torch.load(d / "checkpoints" / "last.ckpt", weights_only=False)["state_dict"] for d in (a, b)]
     for key, value in weights[0].items():
         assert torch.equal(value, weights[1][key]), key
+
+
+@pytest.mark.slow
+def test_a_ddp_checkpoint_resumes_under_one_process(tmp_path: Path) -> None:
+    """#48: a checkpoint taken under two processes resumes under one. Under DDP each rank learns its share of every
+    chunk and the gradients are averaged, so one process learning the whole chunk takes the same steps up to the
+    order of the sums: every task is logged once, the resumed tasks continue the stopped run, and the scores stay
+    within rounding of the uninterrupted two-process run's."""
+
+    from cl_lightning.study.report import per_task, read_scalars
+
+    tasks = 8
+    stopped, out = _straight_and_stopped(tmp_path, tasks, signal.SIGTERM)
+    run = tmp_path / "stopped" / "logs" / "tiny"
+    assert stopped.returncode == 143, out[-3000:]
+    one = ["--trainer.devices=1", "--trainer.strategy=auto", "--ckpt_path", "last"]
+    resumed = _ddp_fit(tmp_path / "stopped", tasks, one)
+    out, _ = resumed.communicate(timeout=600)
+    assert resumed.returncode == 0, out[-3000:]
+    assert f"Run finished: {tasks}/{tasks} tasks" in out, out[-1500:]
+    scalars = read_scalars(run / "version_0")
+    assert sorted({int(v) for v in scalars["epoch"].values()}) == list(range(tasks))  # no task skipped
+    whole = per_task(read_scalars(tmp_path / "straight" / "logs" / "tiny" / "version_0"), tasks)
+    again = per_task(scalars, tasks)
+    assert not np.isnan(again["eval/forward_acc"]).any()
+    for tag in (t for t in whole if t.startswith(("eval/", "forgetting/"))):
+        torch.testing.assert_close(
+            torch.from_numpy(again[tag]), torch.from_numpy(whole[tag]), atol=2e-3, rtol=0, equal_nan=True, msg=tag
+        )
