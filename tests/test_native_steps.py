@@ -340,3 +340,66 @@ def test_the_interface_benchmark_builds_from_a_clean_cache_and_times_the_kernels
     assert set(result["build"]) == {"ctypes"}
     assert result["build"]["ctypes"][0]["wall"] > 0
     assert set(result["us_per_step"]) == {f"{net} T={t} ctypes" for net in ("bp", "qoa") for t in (1000, 1)}
+
+
+def _dead_units(layer: nn.Linear, units: int) -> None:
+    """Make the first ``units`` outputs of ``layer`` inactive on inputs in {0, 1}: a ReLU after it passes 0 for them,
+    so their incoming weights and bias, and the next layer's weights from them, have an exact gradient of 0."""
+    with torch.no_grad():
+        layer.bias[:units] = -100.0
+
+
+def _mlp_case(gnt: bool) -> tuple[list[nn.Parameter], torch.Tensor, object, object]:
+    """Backprop's (Adam) or CBP's (AdamGnT, generate-and-test) MLP on one chunk: its parameters, the eager loss,
+    the fresh optimiser and the network steps."""
+    from cl_lightning.nn.network_steps import GenerateAndTestSteps, MLPSteps
+
+    torch.manual_seed(0)
+    net = MLP(20, 1, [40, 40])
+    _dead_units(net.layers[0], 10)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 2, (1, 8, 20), generator=gen).float(), torch.randn(1, 8, 1, generator=gen)
+    params, layers = list(net.parameters()), list(net.layers)
+    loss = nn.functional.mse_loss(net(x[0]), y[0])
+    if not gnt:
+        return params, loss, torch.optim.Adam(params, lr=1e-3), MLPSteps(layers, x, y)
+    opt = AdamGnT(params, lr=1e-3)
+    steps = GenerateAndTestSteps(layers, x, y, GenerateAndTest([40, 40], 1e-2), opt, partial(_generator, 0))
+    return params, loss, opt, steps
+
+
+def _attention_case() -> tuple[list[nn.Parameter], torch.Tensor, object, object]:
+    """Label-free QOA's scorer on one step (the 21st point the query over the 20 before it), as ``_mlp_case``."""
+    from cl_lightning.nn.network_steps import WindowAttentionSteps
+
+    scorer, params = _scorer(1)
+    _dead_units(scorer.first, 5)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 2, (21, 20), generator=gen).float(), torch.randn(21, 1, generator=gen)
+    sx, sy, qx, qy = x[:20], y[:20], x[20:], y[20:]
+    h = torch.relu(scorer.first(torch.cat([sx, qx.expand(20, -1)], 1)))
+    for layer in scorer.hidden:
+        h = torch.relu(layer(h))
+    p = scorer.out(h).view(1, -1).softmax(-1)
+    loss = nn.functional.mse_loss(p @ sy, qy)
+    steps = WindowAttentionSteps(scorer.first, [*scorer.hidden, scorer.out], x, y, 20)
+    return params, loss, torch.optim.Adam(params, lr=1e-3, fused=True), steps
+
+
+@pytest.mark.parametrize("kernel", ["torch", "native"])
+@pytest.mark.parametrize("case", ["backprop", "cbp", "qoa"])
+def test_a_parameter_whose_eager_gradient_is_zero_stays_put_in_a_fast_step(case: str, kernel: str) -> None:
+    """#46: one step from the same state (fresh optimiser: zero moments), eager autograd against the network's fast
+    steps (torch and C): every element whose eager gradient is exactly 0 (here the units of a layer that no input
+    activates, and the weights they feed) keeps its value bit for bit; Adam would turn any rounding noise there into
+    a step of about ``lr``."""
+    params, loss, opt, steps = _attention_case() if case == "qoa" else _mlp_case(gnt=case == "cbp")
+    zero = [g == 0 for g in torch.autograd.grad(loss, params)]
+    assert sum(int(z.sum()) for z in zero) >= 200  # the dead units' weights: the check is not empty
+    before = [p.detach().clone() for p in params]
+    flat = (FlatAdamGnT() if case == "cbp" else FlatAdam()).bind(opt, params)
+    steps.torch(flat) if kernel == "torch" else steps.native(flat)
+    flat.release()
+    for p, b, z in zip(params, before, zero, strict=True):
+        assert torch.equal(p.detach()[z], b[z])
+        assert not torch.equal(p.detach(), b) or bool(z.all())  # the others did move
