@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -473,13 +475,10 @@ def test_a_ray_address_without_a_cluster_is_one_line_and_writes_nothing(
     assert not root.exists()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
-def test_a_sweep_on_a_real_ray_head_equals_the_local_sweep(tmp_path: Path) -> None:
-    """#47 item 5: `ray start --head`, then `sweep --address auto` joins it: the trials run as the head's tasks and log
-    the same curves as the same suite run locally, one after another. (An explicit host:port needs the head's
-    authentication token on Ray 2.60's default settings, which this machine's head does not hand to a driver.) It
-    ends with `ray stop --force`, which stops every Ray head of the machine: run it where no other Ray is wanted."""
+@contextlib.contextmanager
+def _ray_head() -> Iterator[None]:
+    """`ray start --head` on a free port for the block, `ray stop --force` after it (which stops every Ray head of
+    the machine: run it where no other Ray is wanted)."""
     import shutil
     import socket
 
@@ -492,14 +491,71 @@ def test_a_sweep_on_a_real_ray_head_equals_the_local_sweep(tmp_path: Path) -> No
             "--disable-usage-stats"]  # fmt: skip
     subprocess.run(head, check=True, capture_output=True, timeout=120)
     try:
-        suite = _suite(tmp_path, [0], experiments=("a", "b"))
-        on_ray, local = tmp_path / "on_ray", tmp_path / "local"
-        assert sweep_main([str(suite), "--root", str(on_ray), "--address", "auto"]) == 0
-        assert sweep_main([str(suite), "--root", str(local), "--no-ray"]) == 0
+        yield
     finally:
         subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
+def test_a_sweep_on_a_real_ray_head_equals_the_local_sweep(tmp_path: Path) -> None:
+    """#47 item 5: `ray start --head`, then `sweep --address auto` joins it: the trials run as the head's tasks and log
+    the same curves as the same suite run locally, one after another. (An explicit host:port needs the head's
+    authentication token on Ray 2.60's default settings, which this machine's head does not hand to a driver.)"""
+    suite = _suite(tmp_path, [0], experiments=("a", "b"))
+    on_ray, local = tmp_path / "on_ray", tmp_path / "local"
+    with _ray_head():
+        assert sweep_main([str(suite), "--root", str(on_ray), "--address", "auto"]) == 0
+    assert sweep_main([str(suite), "--root", str(local), "--no-ray"]) == 0
     for name in ("a", "b"):
         ray_dir, local_dir = (root / "toy" / name / "seed_0" for root in (on_ray, local))
         assert json.loads((ray_dir / "trial.json").read_text())["status"] == FINISHED
         for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
             np.testing.assert_array_equal(_curve_n(ray_dir, tag, 4), _curve_n(local_dir, tag, 4))
+
+
+def _kill_fit(root: Path) -> int:
+    """SIGKILL the ``fit`` process logging under ``root`` (Linux: found by its command line in /proc); its pid."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            args = cmdline.read_bytes().split(b"\0")
+            if b"fit" in args and any(str(root).encode() in a for a in args):
+                pid = int(cmdline.parent.name)
+                os.kill(pid, signal.SIGKILL)
+                return pid
+    raise AssertionError(f"no fit process logs under {root}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
+def test_a_trial_killed_on_a_ray_head_resumes_at_the_next_sweep(tmp_path: Path) -> None:
+    """#47 item 5: the fit of a trial running as a Ray head's task is killed (-9) after its first checkpoints; the
+    sweep records the failed attempt, and the next `sweep --address auto` resumes the trial from its last checkpoint,
+    nothing lost: its curves equal an uninterrupted local run's."""
+    suite = _suite(tmp_path, [0], tasks=40, experiments=("a",))
+    root = tmp_path / "on_ray"
+    a_dir = root / "toy" / "a" / "seed_0"
+    cmd = [sys.executable, "-m", "cl_lightning", "sweep", str(suite), "--root", str(root), "--address", "auto"]
+    with _ray_head():
+        proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, text=True)
+        deadline = time.time() + 300
+        while not (a_dir / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # a few more tasks
+        _kill_fit(root)
+        out, _ = proc.communicate(timeout=300)
+        record = json.loads((a_dir / "trial.json").read_text())
+        assert record["status"] != FINISHED, out
+        assert record["attempts"][-1]["returncode"] == -signal.SIGKILL, out
+        assert sweep_main([str(suite), "--root", str(root), "--address", "auto"]) == 0
+    record = json.loads((a_dir / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    straight = load_suite(suite).trials[0]
+    run_sequential([straight], str(tmp_path / "straight"))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
+        resumed, whole = _curve_n(a_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
+        if tag.startswith("train/"):  # a kill between a task's checkpoint and its training means loses those means
+            assert np.isnan(resumed).sum() <= 1
+            resumed[np.isnan(resumed)] = whole[np.isnan(resumed)]
+        np.testing.assert_array_equal(resumed, whole)
