@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from helpers import CONFIGS, ROOT
 from cl_lightning.errors import UsageError
 from cl_lightning.run.cli import main as cli_main
 from cl_lightning.study import sweep
+from cl_lightning.study.report import main as report_main
 from cl_lightning.study.report import per_task, published_numbers, read_scalars
 from cl_lightning.study.suite import Trial, load_suite
 from cl_lightning.study.sweep import main as sweep_main
@@ -500,13 +502,21 @@ def _ray_head() -> Iterator[None]:
 @pytest.mark.skipif(not sweep._ray_available(), reason="Ray is not installed (the [sweep] extra)")
 def test_a_sweep_on_a_real_ray_head_equals_the_local_sweep(tmp_path: Path) -> None:
     """#47 item 5: `ray start --head`, then `sweep --address auto` joins it: the trials run as the head's tasks and log
-    the same curves as the same suite run locally, one after another. (An explicit host:port needs the head's
+    the same curves as the same suite run locally, one after another, and `report` gives the same table but for the
+    clocks. (An explicit host:port needs the head's
     authentication token on Ray 2.60's default settings, which this machine's head does not hand to a driver.)"""
     suite = _suite(tmp_path, [0], experiments=("a", "b"))
     on_ray, local = tmp_path / "on_ray", tmp_path / "local"
     with _ray_head():
         assert sweep_main([str(suite), "--root", str(on_ray), "--address", "auto"]) == 0
     assert sweep_main([str(suite), "--root", str(local), "--no-ray"]) == 0
+    tables = []
+    for root in (on_ray, local):  # the report's table, every column but the clocks'
+        assert report_main([str(root / "toy"), "--out", str(root / "report")]) == 0
+        rows = list(csv.DictReader((root / "report" / "table.csv").open()))
+        tables.append([{k: v for k, v in row.items() if "seconds" not in k and "rss" not in k} for row in rows])
+    assert tables[0] == tables[1]
+    assert {row["experiment"] for row in tables[0]} == {"a", "b"}
     for name in ("a", "b"):
         ray_dir, local_dir = (root / "toy" / name / "seed_0" for root in (on_ray, local))
         assert json.loads((ray_dir / "trial.json").read_text())["status"] == FINISHED
