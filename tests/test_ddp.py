@@ -152,6 +152,25 @@ def test_a_ddp_fit_from_the_command_line_prints_its_summary_once(tmp_path: Path)
     assert "sync_dist" not in done.stderr
 
 
+@pytest.mark.slow
+def test_a_ddp_fit_on_the_cpu_divides_the_thread_policys_cores_between_its_ranks(tmp_path: Path) -> None:
+    """With no thread variable set, a two-process CPU fit runs each rank on half the cores the policy chose (every
+    rank on every core would oversubscribe them), and says so once."""
+    from cl_lightning.run.threads import THREAD_VARIABLES, WAIT_VARIABLES, usable_cores
+
+    args = tiny_args(tmp_path, [*LEARNERS["backprop"]], tasks=2)
+    args += ["--trainer.devices=2", "--trainer.strategy=ddp"]
+    env = {k: v for k, v in os.environ.items() if k not in (*THREAD_VARIABLES, *WAIT_VARIABLES)}
+    env["PYTHONPATH"] = str(Path(__file__).parents[1])
+    done = subprocess.run(
+        [sys.executable, "-m", "cl_lightning", "fit", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    chosen = [line for line in done.stderr.splitlines() if line.startswith("Threads: ")]
+    assert len(chosen) == 1, done.stderr[-2000:]
+    assert chosen[0].startswith(f"Threads: {max(1, usable_cores() // 2)}")
+
+
 def _ddp_fit(root: Path, tasks: int, extra: list[str] = ()) -> subprocess.Popen:
     """``python -m cl_lightning fit`` of a two-process DDP Backprop run on the synthetic stream, checkpointing every
     task into ``root``'s run folder."""

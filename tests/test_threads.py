@@ -160,3 +160,9 @@ def test_training_steps_run_on_the_policys_training_threads() -> None:
         assert pinned.state_dict() == {}
     finally:
         torch.set_num_threads(before)
+
+
+def test_processes_sharing_the_cpu_share_its_cores() -> None:
+    assert ThreadPolicy(4, 1, "PASSIVE", 3.0).per_process(2) == ThreadPolicy(2, 1, "PASSIVE", 3.0)
+    assert ThreadPolicy(2, 2, None, 0.0).per_process(2) == ThreadPolicy(1, 1, None, 0.0)
+    assert ThreadPolicy(2, 2, None, 0.0).per_process(8) == ThreadPolicy(1, 1, None, 0.0)

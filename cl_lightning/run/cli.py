@@ -7,6 +7,7 @@ README ("Resume, stop, and when something goes wrong") and docs/architecture.md 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 import time
@@ -14,8 +15,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
+from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import ArgsType, LightningArgumentParser
 from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException
@@ -189,9 +192,23 @@ class CLI(CompatCLI):
         if self.resume is not None and self.resume.run is not None:
             remove_temp_files(self.resume.run / "checkpoints")
         self.start_lines.let_through()  # the checks passed: Lightning's start-up lines may be printed
+        self._share_cores()
         if threads.ACTIVE is not None and self.trainer.is_global_zero:
             sys.stderr.write(threads.ACTIVE.describe() + "\n")
         self._started = time.monotonic()
+
+    def _share_cores(self) -> None:
+        """Several processes of this run on the CPU (DDP): divide the thread policy's cores between them, in this
+        process and in the environment the other ranks start from (they take it as a setting of the user's)."""
+        policy, trainer = threads.ACTIVE, self.trainer
+        if policy is None or trainer.num_devices <= 1 or not isinstance(trainer.accelerator, CPUAccelerator):
+            return
+        threads.ACTIVE = shared = policy.per_process(trainer.num_devices)
+        os.environ["OMP_NUM_THREADS"] = str(shared.threads)
+        torch.set_num_threads(shared.threads)
+        for callback in trainer.callbacks:
+            if isinstance(callback, TrainingThreads):
+                callback.policy = shared
 
     def fit(self, model: LightningModule, datamodule: LightningDataModule | None = None, **kwargs: Any) -> None:
         """``Trainer.fit`` holding the run folder's lock, stopping cleanly on SIGTERM / SIGINT; an attempt that ends

@@ -50,6 +50,12 @@ class ThreadPolicy:
         env = {"OMP_NUM_THREADS": str(self.threads)}
         return env | ({"OMP_WAIT_POLICY": self.wait} if self.wait else {})
 
+    def per_process(self, processes: int) -> ThreadPolicy:
+        """The policy for one of ``processes`` processes sharing these cores (several ranks on one CPU): the cores
+        divided between them, at least one thread each."""
+        threads = max(1, self.threads // processes)
+        return ThreadPolicy(threads, min(self.train_threads, threads), self.wait, self.busy_cores)
+
     def describe(self) -> str:
         """One line for the fit's start: what it runs and why."""
         load = f"{self.busy_cores:.1f} of {self.threads} cores busy at start"
