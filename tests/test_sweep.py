@@ -313,6 +313,23 @@ def test_sigterm_to_a_ray_sweep_records_the_stopped_trial(tmp_path: Path) -> Non
     assert not (a_dir / "stop.request").exists()
 
 
+def _resumed_equals_uninterrupted(trial_dir: Path, trial: Trial, straight_root: Path) -> None:
+    """The trial in ``trial_dir`` finished on a resumed attempt, and its curves equal those of the same trial run
+    uninterrupted under ``straight_root``."""
+    record = json.loads((trial_dir / "trial.json").read_text())
+    assert record["status"] == FINISHED
+    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
+    run_sequential([trial], str(straight_root))
+    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
+        resumed, whole = _curve_n(trial_dir, tag), _curve_n(trial.log_dir(straight_root), tag)
+        if tag.startswith("train/"):
+            # the checkpoint is written after a task's evaluation and before its training means are logged: a
+            # kill in between loses that one task's training means (the resumed run starts at the next task)
+            assert np.isnan(resumed).sum() <= 1
+            resumed[np.isnan(resumed)] = whole[np.isnan(resumed)]
+        np.testing.assert_array_equal(resumed, whole)
+
+
 @pytest.mark.slow
 def test_killed_sweep_rerun_skips_finished_and_resumes_unfinished(tmp_path: Path) -> None:
     suite = _suite(tmp_path, [0], tasks=4, experiments=("a",))
@@ -339,20 +356,7 @@ def test_killed_sweep_rerun_skips_finished_and_resumes_unfinished(tmp_path: Path
 
     assert sweep_main([str(suite), "--root", str(root), "--no-ray"]) == 0
     assert (root / "toy" / "a" / "seed_0" / "trial.json").read_text() == a_record  # skipped, untouched
-    record = json.loads((b_dir / "trial.json").read_text())
-    assert record["status"] == FINISHED
-    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
-    # the resumed trial's curves equal an uninterrupted run's
-    straight = load_suite(suite).trials[1]
-    run_sequential([straight], str(tmp_path / "straight"))
-    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
-        resumed, whole = _curve_n(b_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
-        if tag.startswith("train/"):
-            # the checkpoint is written after a task's evaluation and before its training means are logged: a
-            # kill in between loses that one task's training means (the resumed run starts at the next task)
-            assert np.isnan(resumed).sum() <= 1
-            resumed[np.isnan(resumed)] = whole[np.isnan(resumed)]
-        np.testing.assert_array_equal(resumed, whole)
+    _resumed_equals_uninterrupted(b_dir, load_suite(suite).trials[1], tmp_path / "straight")
 
 
 def _curve_n(log_dir: Path, tag: str, n: int = 40) -> np.ndarray:
@@ -560,14 +564,4 @@ def test_a_trial_killed_on_a_ray_head_resumes_at_the_next_sweep(tmp_path: Path) 
         assert record["status"] != FINISHED, out
         assert record["attempts"][-1]["returncode"] == -signal.SIGKILL, out
         assert sweep_main([str(suite), "--root", str(root), "--address", "auto"]) == 0
-    record = json.loads((a_dir / "trial.json").read_text())
-    assert record["status"] == FINISHED
-    assert record["attempts"][-1]["resumed_from"].endswith("last.ckpt")
-    straight = load_suite(suite).trials[0]
-    run_sequential([straight], str(tmp_path / "straight"))
-    for tag in ("eval/forward_acc", "eval/backward_acc", "train/online_acc"):
-        resumed, whole = _curve_n(a_dir, tag), _curve_n(straight.log_dir(tmp_path / "straight"), tag)
-        if tag.startswith("train/"):  # a kill between a task's checkpoint and its training means loses those means
-            assert np.isnan(resumed).sum() <= 1
-            resumed[np.isnan(resumed)] = whole[np.isnan(resumed)]
-        np.testing.assert_array_equal(resumed, whole)
+    _resumed_equals_uninterrupted(a_dir, load_suite(suite).trials[0], tmp_path / "straight")
