@@ -57,8 +57,9 @@ class ThreadPolicy:
         return ThreadPolicy(threads, min(self.train_threads, threads), self.wait, self.busy_cores)
 
     def describe(self) -> str:
-        """One line for the fit's start: what it runs and why."""
-        load = f"{self.busy_cores:.1f} of {self.threads} cores busy at start"
+        """One line for the fit's start: what it runs and why (the load is the machine's, whatever share of its cores
+        this process takes)."""
+        load = f"{self.busy_cores:.1f} cores busy at start"
         if self.train_threads == self.threads:
             return f"Threads: {self.threads} ({load}); OMP_NUM_THREADS=N pins them"
         return (
